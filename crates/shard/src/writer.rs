@@ -1,0 +1,327 @@
+//! Streaming, atomic shard writing: one file ([`ShardWriter`]) or a whole set ([`SetWriter`]).
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::format::{
+    align_up, place_record, Encoding, Header, IndexEntry, Metadata, ShardInfo, INDEX_STRIDE,
+    PAGE_SIZE, TABLE_CRC_OFFSET,
+};
+use crate::manifest::{Manifest, ShardEntry, MANIFEST_FILE};
+use crate::{Result, ShardError};
+
+/// What the index says about a record besides its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordInfo {
+    /// Class index, or -1 for none.
+    pub label: i32,
+    /// Pixels; 0 when unknown. Sizes above 65535 are stored as 0.
+    pub width: u32,
+    pub height: u32,
+    pub encoding: Encoding,
+}
+
+impl RecordInfo {
+    /// A labelled image whose encoding is sniffed from its bytes.
+    pub fn image(label: i32, width: u32, height: u32, bytes: &[u8]) -> Self {
+        Self {
+            label,
+            width,
+            height,
+            encoding: Encoding::sniff(bytes),
+        }
+    }
+}
+
+/// What a finished shard looks like; also its line in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSummary {
+    pub path: PathBuf,
+    pub records: u64,
+    pub bytes: u64,
+    pub table_crc32c: u32,
+}
+
+/// Writes one shard file with bounded memory: record bytes go straight to disk; only the
+/// 32-byte index entries are kept until [`finish`](Self::finish).
+///
+/// The file appears under its name only when `finish` succeeds (temp file, fsync, rename); a
+/// writer dropped before that removes its temp file.
+pub struct ShardWriter {
+    path: PathBuf,
+    tmp_path: PathBuf,
+    file: Option<BufWriter<File>>,
+    metadata: Metadata,
+    pos: u64,
+    entries: Vec<IndexEntry>,
+}
+
+impl ShardWriter {
+    /// Starts `path` (written as `path.tmp` until finished).
+    pub fn create(path: impl Into<PathBuf>, metadata: Metadata) -> Result<Self> {
+        let path = path.into();
+        let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+        tmp_name.push(".tmp");
+        let tmp_path = path.with_file_name(tmp_name);
+        let file = File::create(&tmp_path).map_err(|e| ShardError::io(&tmp_path, e))?;
+        let mut writer = Self {
+            path,
+            tmp_path,
+            file: Some(BufWriter::with_capacity(1 << 20, file)),
+            metadata,
+            pos: 0,
+            entries: Vec::new(),
+        };
+        // The header is written last; reserve its page with zeros now.
+        writer.write_zeros(PAGE_SIZE)?;
+        Ok(writer)
+    }
+
+    /// Appends a record; returns its index in this shard.
+    pub fn append(&mut self, info: RecordInfo, bytes: &[u8]) -> Result<u64> {
+        let length = u32::try_from(bytes.len()).map_err(|_| ShardError::InvalidInput {
+            path: self.path.clone(),
+            what: format!("record of {} bytes exceeds the 4 GiB limit", bytes.len()),
+        })?;
+        let classes = self.metadata.classes.len();
+        if info.label < -1 || (classes > 0 && info.label as i64 >= classes as i64) {
+            return Err(ShardError::InvalidInput {
+                path: self.path.clone(),
+                what: format!(
+                    "label {} is not -1 or a class index below {classes}",
+                    info.label
+                ),
+            });
+        }
+        let offset = place_record(self.pos, length as u64, PAGE_SIZE);
+        self.write_zeros(offset - self.pos)?;
+        self.write(bytes)?;
+        self.entries.push(IndexEntry {
+            offset,
+            length,
+            crc32c: crc32c::crc32c(bytes),
+            label: info.label,
+            width: u16::try_from(info.width).unwrap_or(0),
+            height: u16::try_from(info.height).unwrap_or(0),
+            encoding: info.encoding,
+        });
+        Ok(self.entries.len() as u64 - 1)
+    }
+
+    /// Records appended so far.
+    pub fn len(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    /// Whether no record was appended yet.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The file size if it were finished now, give or take the metadata and final padding.
+    pub fn size_estimate(&self) -> u64 {
+        self.pos + PAGE_SIZE + (self.entries.len() * INDEX_STRIDE) as u64
+    }
+
+    /// Writes index, metadata and header, fsyncs, and renames the file into place.
+    pub fn finish(mut self) -> Result<ShardSummary> {
+        let records_end = self.pos;
+        let index_offset = align_up(records_end, PAGE_SIZE).unwrap_or(records_end);
+        self.write_zeros(index_offset - records_end)?;
+        let index: Vec<u8> = self.entries.iter().flat_map(|e| e.encode()).collect();
+        let metadata =
+            serde_json::to_vec(&self.metadata).map_err(|e| ShardError::InvalidInput {
+                path: self.path.clone(),
+                what: format!("metadata does not serialise: {e}"),
+            })?;
+        self.write(&index)?;
+        self.write(&metadata)?;
+        let mut header = Header {
+            page_size: PAGE_SIZE as u32,
+            record_count: self.entries.len() as u64,
+            records_offset: PAGE_SIZE,
+            records_end,
+            index_offset,
+            metadata_offset: index_offset + index.len() as u64,
+            metadata_length: metadata.len() as u64,
+            table_crc32c: 0,
+        };
+        let head = header.encode();
+        let crc = crc32c::crc32c(&head[..TABLE_CRC_OFFSET]);
+        let crc = crc32c::crc32c_append(crc, &index);
+        header.table_crc32c = crc32c::crc32c_append(crc, &metadata);
+
+        let tmp = self.tmp_path.clone();
+        let io = |e| ShardError::io(&tmp, e);
+        let mut file = self
+            .file
+            .take()
+            .ok_or_else(|| ShardError::io(&tmp, std::io::ErrorKind::BrokenPipe.into()))?
+            .into_inner()
+            .map_err(|e| io(e.into_error()))?;
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        file.write_all(&header.encode()).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        drop(file);
+        rename_durably(&self.tmp_path, &self.path)?;
+        Ok(ShardSummary {
+            path: self.path.clone(),
+            records: header.record_count,
+            bytes: header.metadata_offset + header.metadata_length,
+            table_crc32c: header.table_crc32c,
+        })
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| ShardError::io(&self.tmp_path, std::io::ErrorKind::BrokenPipe.into()))?;
+        file.write_all(bytes)
+            .map_err(|e| ShardError::io(&self.tmp_path, e))?;
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn write_zeros(&mut self, mut n: u64) -> Result<()> {
+        const ZEROS: [u8; PAGE_SIZE as usize] = [0; PAGE_SIZE as usize];
+        while n > 0 {
+            let chunk = n.min(PAGE_SIZE) as usize;
+            self.write(&ZEROS[..chunk])?;
+            n -= chunk as u64;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ShardWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            // Not finished: leave nothing half-written behind.
+            let _ = fs::remove_file(&self.tmp_path);
+        }
+    }
+}
+
+/// Renames `from` to `to` and fsyncs the directory so the rename itself survives a crash.
+pub(crate) fn rename_durably(from: &Path, to: &Path) -> Result<()> {
+    fs::rename(from, to).map_err(|e| ShardError::io(to, e))?;
+    if let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) {
+        // Directories cannot be opened for fsync on every platform; best effort there.
+        if let Ok(dir) = File::open(dir) {
+            let _ = dir.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// Options of a shard set.
+#[derive(Debug, Clone)]
+pub struct SetOptions {
+    /// The set's name ("train", "val"): recorded in each shard's metadata.
+    pub name: String,
+    pub schema: String,
+    pub classes: Vec<String>,
+    /// How the set was made, copied into every shard and the manifest.
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// A new shard starts when the current one would grow past this many bytes.
+    pub shard_bytes: u64,
+}
+
+impl SetOptions {
+    /// An image-classification set with the default shard size (256 MiB).
+    pub fn images(name: &str, classes: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            schema: crate::format::IMAGE_SCHEMA.into(),
+            classes,
+            params: Default::default(),
+            shard_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Writes a shard set: records are split into shards of about `shard_bytes`, and
+/// `manifest.json` is written (atomically) last, so a set with a manifest is complete.
+pub struct SetWriter {
+    dir: PathBuf,
+    options: SetOptions,
+    current: Option<ShardWriter>,
+    finished: Vec<ShardSummary>,
+}
+
+impl SetWriter {
+    /// Starts a set in `dir` (created if missing).
+    pub fn create(dir: impl Into<PathBuf>, options: SetOptions) -> Result<Self> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|e| ShardError::io(&dir, e))?;
+        Ok(Self {
+            dir,
+            options,
+            current: None,
+            finished: Vec::new(),
+        })
+    }
+
+    /// Appends a record to the current shard, starting a new shard first if it is full.
+    pub fn append(&mut self, info: RecordInfo, bytes: &[u8]) -> Result<()> {
+        let full = self.current.as_ref().is_some_and(|w| {
+            !w.is_empty() && w.size_estimate() + bytes.len() as u64 > self.options.shard_bytes
+        });
+        if full {
+            self.finish_current()?;
+        }
+        if self.current.is_none() {
+            let ordinal = self.finished.len() as u64;
+            let mut metadata = Metadata::images(self.options.classes.clone());
+            metadata.schema = self.options.schema.clone();
+            metadata.params = self.options.params.clone();
+            metadata.shard = Some(ShardInfo {
+                set: self.options.name.clone(),
+                ordinal,
+            });
+            let path = self.dir.join(format!("shard-{ordinal:05}.rdl"));
+            self.current = Some(ShardWriter::create(path, metadata)?);
+        }
+        match self.current.as_mut() {
+            Some(writer) => writer.append(info, bytes).map(|_| ()),
+            None => unreachable!("a shard was just started"),
+        }
+    }
+
+    /// Finishes the last shard and writes the manifest.
+    pub fn finish(mut self) -> Result<Manifest> {
+        self.finish_current()?;
+        let shards: Vec<ShardEntry> = self
+            .finished
+            .iter()
+            .map(|s| ShardEntry {
+                file: s
+                    .path
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+                records: s.records,
+                bytes: s.bytes,
+                table_crc32c: s.table_crc32c,
+            })
+            .collect();
+        let manifest = Manifest::new(
+            &self.options.schema,
+            self.options.classes.clone(),
+            shards,
+            self.options.params.clone(),
+        );
+        manifest.write(&self.dir.join(MANIFEST_FILE))?;
+        Ok(manifest)
+    }
+
+    fn finish_current(&mut self) -> Result<()> {
+        if let Some(writer) = self.current.take() {
+            self.finished.push(writer.finish()?);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,47 @@
+//! `cargo xtask`: the project's one entry point for tests, data and benchmarks.
+//!
+//! It stays thin — it runs cargo and the project's own binaries and reads their output — so it
+//! builds in seconds and never drags heavy dependencies into the build.
+
+mod bench;
+mod run;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, test and benchmark redline",
+    version
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// THE test command (what CI runs): fmt, clippy, cargo test, the format-spec check, then the
+    /// hardware suites where their hardware is present.
+    Test(test::TestArgs),
+    /// Dataset shards: `build`, `synth`, `verify`, `inspect` (run `cargo xtask shards help`).
+    #[command(disable_help_flag = true)]
+    Shards {
+        /// Passed to `redline-data`; `cargo xtask shards build --help` shows its options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::Bench),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Test(args) => test::run(args),
+        Command::Shards { args } => run::data_tool(&args, run::Profile::Release),
+        Command::Bench(bench) => bench::run(bench),
+    }
+}

@@ -1,0 +1,87 @@
+//! Running cargo and the project's binaries.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus};
+
+use anyhow::{bail, Context, Result};
+
+/// The workspace root (xtask lives one level below it).
+pub fn root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}
+
+/// The cargo target directory.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| if p.is_absolute() { p } else { root().join(p) })
+        .unwrap_or_else(|| root().join("target"))
+}
+
+/// `cargo` as the user invoked it.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Runs `cmd`, echoing it first; returns its exit status.
+pub fn status(cmd: &mut Command) -> Result<ExitStatus> {
+    eprintln!("$ {}", describe(cmd));
+    cmd.status()
+        .with_context(|| format!("could not start `{}`", describe(cmd)))
+}
+
+/// Runs `cmd` and fails unless it succeeds.
+pub fn check(cmd: &mut Command) -> Result<()> {
+    let status = status(cmd)?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", describe(cmd));
+    }
+    Ok(())
+}
+
+pub fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// Shares the test build (what `cargo xtask test` uses).
+    Dev,
+    /// What users get from `cargo xtask shards …`.
+    Release,
+}
+
+/// Runs the `redline-data` tool (crate `redline-datasets`) with `args`.
+pub fn data_tool(args: &[String], profile: Profile) -> Result<()> {
+    let mut cmd = data_tool_command(profile);
+    cmd.args(args);
+    let status = status(&mut cmd)?;
+    if !status.success() {
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    Ok(())
+}
+
+pub fn data_tool_command(profile: Profile) -> Command {
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--quiet",
+        "--package",
+        "redline-datasets",
+        "--bin",
+        "redline-data",
+    ]);
+    if profile == Profile::Release {
+        cmd.arg("--release");
+    }
+    cmd.arg("--");
+    cmd
+}

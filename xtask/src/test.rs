@@ -1,0 +1,232 @@
+//! `cargo xtask test`: every check, each phase timed, and a summary of what ran and what did not.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::run::{self, Profile};
+
+#[derive(Args)]
+pub struct TestArgs {
+    /// Hardware suites that must run (comma-separated: wgpu, nvrtc, cuda); a skip becomes a
+    /// failure. `CI=true` requires every hardware suite.
+    #[arg(long, value_delimiter = ',')]
+    require: Vec<String>,
+    /// Skip the fmt and clippy phases (quicker local iterations; CI never skips them).
+    #[arg(long)]
+    no_lint: bool,
+}
+
+/// A hardware suite: its own test binary, run when its hardware is present.
+struct HardwareSuite {
+    name: &'static str,
+    /// Why it cannot run yet, while the backend that owns it is still to come.
+    missing: &'static str,
+}
+
+/// The hardware suites. The backends that own them land in later issues; until then each is
+/// reported as skipped with the reason, and requiring one fails loudly.
+const HARDWARE_SUITES: &[HardwareSuite] = &[
+    HardwareSuite {
+        name: "wgpu",
+        missing: "the wgpu backend and its suite arrive with issue 4",
+    },
+    HardwareSuite {
+        name: "nvrtc",
+        missing: "the CUDA backend's NVRTC compile suite arrives with the CUDA issue",
+    },
+    HardwareSuite {
+        name: "cuda",
+        missing: "the CUDA backend's device suite arrives with the CUDA issue",
+    },
+];
+
+enum Outcome {
+    Passed(String),
+    Failed(String),
+    Skipped(String),
+}
+
+struct Phase {
+    name: String,
+    outcome: Outcome,
+    seconds: f64,
+}
+
+pub fn run(args: TestArgs) -> Result<()> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    for name in &args.require {
+        if !HARDWARE_SUITES.iter().any(|s| s.name == name) {
+            bail!(
+                "--require {name}: no such hardware suite (known: {})",
+                HARDWARE_SUITES
+                    .iter()
+                    .map(|s| s.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    let mut phases = Vec::new();
+    let mut phase = |name: &str, f: &mut dyn FnMut() -> Outcome| {
+        eprintln!("\n=== {name} ===");
+        let start = Instant::now();
+        let outcome = f();
+        let seconds = start.elapsed().as_secs_f64();
+        eprintln!("=== {name}: {} in {seconds:.1}s ===", label(&outcome));
+        phases.push(Phase {
+            name: name.into(),
+            outcome,
+            seconds,
+        });
+    };
+
+    if args.no_lint {
+        phase("fmt", &mut || Outcome::Skipped("--no-lint".into()));
+        phase("clippy", &mut || Outcome::Skipped("--no-lint".into()));
+    } else {
+        phase("fmt", &mut || {
+            cargo_phase(run::cargo().args(["fmt", "--all", "--", "--check"]))
+        });
+        phase("clippy", &mut || {
+            cargo_phase(run::cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))
+        });
+    }
+    phase("cargo test", &mut || {
+        cargo_phase(run::cargo().args(["test", "--workspace"]))
+    });
+    phase("format spec (Python reader)", &mut || match spec_check() {
+        Ok(note) => Outcome::Passed(note),
+        Err(e) => Outcome::Failed(format!("{e:#}")),
+    });
+    for suite in HARDWARE_SUITES {
+        // No suite exists yet, so none can run: a suite named in --require fails, and otherwise
+        // it is reported as skipped with the reason. Once a suite exists, `CI=true` (like
+        // --require) will turn a missing-hardware skip into a failure.
+        let required = args.require.iter().any(|r| r == suite.name);
+        phase(&format!("hardware: {}", suite.name), &mut || {
+            if required {
+                Outcome::Failed(format!("required, but {}", suite.missing))
+            } else {
+                Outcome::Skipped(suite.missing.into())
+            }
+        });
+    }
+    if ci {
+        eprintln!("CI=true: every hardware suite that exists is required (none exists yet)");
+    }
+
+    eprintln!("\n=== summary ===");
+    let mut failed = 0;
+    let mut passed = 0;
+    let mut skipped = 0;
+    for p in &phases {
+        let note = match &p.outcome {
+            Outcome::Passed(n) | Outcome::Failed(n) | Outcome::Skipped(n) => n,
+        };
+        match p.outcome {
+            Outcome::Passed(_) => passed += 1,
+            Outcome::Failed(_) => failed += 1,
+            Outcome::Skipped(_) => skipped += 1,
+        }
+        eprintln!(
+            "{:<30} {:<8} {:>7.1}s  {note}",
+            p.name,
+            label(&p.outcome),
+            p.seconds
+        );
+    }
+    let total: f64 = phases.iter().map(|p| p.seconds).sum();
+    eprintln!("total {total:.0}s");
+    // The plain closing line CI reads: "N passed, N failed, N skipped".
+    println!("xtask: {passed} passed, {failed} failed, {skipped} skipped");
+    if failed > 0 {
+        bail!("{failed} phase(s) failed");
+    }
+    Ok(())
+}
+
+fn label(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Passed(_) => "passed",
+        Outcome::Failed(_) => "FAILED",
+        Outcome::Skipped(_) => "skipped",
+    }
+}
+
+fn cargo_phase(cmd: &mut Command) -> Outcome {
+    match run::status(cmd) {
+        Ok(s) if s.success() => Outcome::Passed(String::new()),
+        Ok(s) => Outcome::Failed(format!("exit {s}")),
+        Err(e) => Outcome::Failed(format!("{e:#}")),
+    }
+}
+
+/// Proves FORMAT.md is enough: a standard-library Python reader written from it alone must accept
+/// a freshly written set and reject a damaged copy.
+fn spec_check() -> Result<String> {
+    let root = run::root();
+    let work = run::target_dir().join("xtask/spec-check");
+    let _ = fs::remove_dir_all(&work);
+    let mut synth = run::data_tool_command(Profile::Dev);
+    synth.args(["synth", "--out"]).arg(&work).args([
+        "--classes",
+        "3",
+        "--images",
+        "12",
+        "--seed",
+        "7",
+        "--shard-size",
+        "400000",
+    ]);
+    run::check(&mut synth)?;
+    let reader = root.join("crates/shard/tools/read_shards.py");
+    let python = |dirs: &[&Path]| -> Result<std::process::Output> {
+        let mut cmd = Command::new("python3");
+        cmd.arg(&reader).args(dirs);
+        eprintln!("$ {}", run::describe(&cmd));
+        cmd.output()
+            .context("python3 is needed to run crates/shard/tools/read_shards.py")
+    };
+    let (train, val) = (work.join("train"), work.join("val"));
+    let good = python(&[&train, &val])?;
+    let stdout = String::from_utf8_lossy(&good.stdout);
+    eprint!("{stdout}{}", String::from_utf8_lossy(&good.stderr));
+    if !good.status.success() {
+        bail!("the Python reader rejected a set the writer just made");
+    }
+    let shards = stdout.lines().filter(|l| l.starts_with("OK ")).count();
+    if shards != 2 {
+        bail!("the Python reader printed {shards} OK lines for 2 sets");
+    }
+
+    // Damage one record byte in a copy: the reader must refuse it, naming the record.
+    let bad = work.join("damaged");
+    fs::create_dir_all(&bad)?;
+    for entry in fs::read_dir(&train)? {
+        let entry = entry?;
+        fs::copy(entry.path(), bad.join(entry.file_name()))?;
+    }
+    let shard = bad.join("shard-00000.rdl");
+    let mut bytes = fs::read(&shard)?;
+    bytes[4096 + 1000] ^= 0x10;
+    fs::write(&shard, bytes)?;
+    let refused = python(&[&bad])?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    eprint!("{stderr}");
+    if refused.status.success() || !stderr.contains("record 0") {
+        bail!("the Python reader accepted a damaged record (or did not name it)");
+    }
+    Ok("accepts a fresh set, names the damaged record in a copy".into())
+}
