@@ -96,39 +96,53 @@ fn render(options: &SynthOptions, split: u64, index: u64) -> Result<Encoded, Str
     })
 }
 
+/// Renders split `split` on every core and hands each encoded image to `sink` in index order.
+fn render_split(
+    options: &SynthOptions,
+    (name, split, count): (&str, u64, u64),
+    dir: &Path,
+    mut sink: impl FnMut(usize, Encoded) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    let mut progress = Progress::new(format!("synth {name}"), count);
+    ordered_map(
+        count as usize,
+        options.threads,
+        |i| render(options, split, i as u64),
+        |i, encoded| {
+            let encoded = encoded.map_err(|what| DataError::Invalid {
+                path: dir.to_path_buf(),
+                what: format!("image {i}: {what}"),
+            })?;
+            sink(i, encoded)?;
+            progress.inc(1);
+            Ok::<_, DataError>(())
+        },
+    )?;
+    progress.finish();
+    Ok(())
+}
+
 /// Writes `out/train` and `out/val` shard sets. Returns the set directories.
 pub fn synth_shards(out: &Path, options: &SynthOptions) -> Result<Vec<PathBuf>, DataError> {
     options.check(out)?;
     let classes = class_names(options.classes);
     let mut dirs = Vec::new();
-    for (name, split, count) in options.splits() {
+    for split in options.splits() {
+        let name = split.0;
         let dir = out.join(name);
         let mut set_options = SetOptions::images(name, classes.clone());
         set_options.params = options.params(name);
         set_options.shard_bytes = options.shard_bytes;
         let mut writer = SetWriter::create(&dir, set_options)?;
-        let mut progress = Progress::new(format!("synth {name}"), count);
-        ordered_map(
-            count as usize,
-            options.threads,
-            |i| render(options, split, i as u64),
-            |i, encoded| {
-                let e = encoded.map_err(|what| DataError::Invalid {
-                    path: dir.clone(),
-                    what: format!("image {i}: {what}"),
-                })?;
-                let info = RecordInfo {
-                    label: e.class as i32,
-                    width: e.width,
-                    height: e.height,
-                    encoding: Encoding::Jpeg,
-                };
-                writer.append(info, &e.jpeg)?;
-                progress.inc(1);
-                Ok::<_, DataError>(())
-            },
-        )?;
-        progress.finish();
+        render_split(options, split, &dir, |_, e| {
+            let info = RecordInfo {
+                label: e.class as i32,
+                width: e.width,
+                height: e.height,
+                encoding: Encoding::Jpeg,
+            };
+            Ok(writer.append(info, &e.jpeg)?)
+        })?;
         writer.finish()?;
         dirs.push(dir);
     }
@@ -139,31 +153,58 @@ pub fn synth_shards(out: &Path, options: &SynthOptions) -> Result<Vec<PathBuf>, 
 pub fn synth_folder(out: &Path, options: &SynthOptions) -> Result<(), DataError> {
     options.check(out)?;
     let classes = class_names(options.classes);
-    for (name, split, count) in options.splits() {
+    for split in options.splits() {
+        let dir = out.join(split.0);
         for class in &classes {
-            let dir = out.join(name).join(class);
-            fs::create_dir_all(&dir).map_err(|e| DataError::io(&dir, e))?;
+            let class_dir = dir.join(class);
+            fs::create_dir_all(&class_dir).map_err(|e| DataError::io(&class_dir, e))?;
         }
-        let mut progress = Progress::new(format!("synth {name} (folder)"), count);
-        ordered_map(
-            count as usize,
-            options.threads,
-            |i| render(options, split, i as u64),
-            |i, encoded| {
-                let path = out.join(name);
-                let e = encoded.map_err(|what| DataError::Invalid {
-                    path: path.clone(),
-                    what: format!("image {i}: {what}"),
-                })?;
-                let file = path
-                    .join(&classes[e.class as usize])
-                    .join(format!("{i:07}.jpg"));
-                fs::write(&file, &e.jpeg).map_err(|err| DataError::io(&file, err))?;
-                progress.inc(1);
-                Ok::<_, DataError>(())
-            },
-        )?;
-        progress.finish();
+        render_split(options, split, &dir, |i, e| {
+            let file = dir
+                .join(&classes[e.class as usize])
+                .join(format!("{i:07}.jpg"));
+            fs::write(&file, &e.jpeg).map_err(|err| DataError::io(&file, err))
+        })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_set_is_identical_whatever_the_thread_count() {
+        let manifests: Vec<_> = [1, 3]
+            .iter()
+            .map(|&threads| {
+                let dir = tempfile::tempdir().unwrap();
+                let options = SynthOptions {
+                    classes: 3,
+                    images: 9,
+                    seed: 42,
+                    threads,
+                    ..SynthOptions::default()
+                };
+                synth_shards(dir.path(), &options).unwrap();
+                ["train", "val"].map(|split| {
+                    let path = dir.path().join(split).join(redline_shard::MANIFEST_FILE);
+                    redline_shard::Manifest::read(&path).unwrap()
+                })
+            })
+            .collect();
+        // The manifests hold each shard's table CRC, which covers every record's CRC.
+        assert_eq!(manifests[0], manifests[1]);
+        assert_eq!(manifests[0][0].records, 9);
+    }
+
+    #[test]
+    fn nonsense_options_are_refused_with_the_reason() {
+        let options = SynthOptions {
+            quality: 0,
+            ..SynthOptions::default()
+        };
+        let err = synth_shards(Path::new("/tmp/unused"), &options).unwrap_err();
+        assert!(err.to_string().contains("quality 0"), "{err}");
+    }
 }

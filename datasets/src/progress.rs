@@ -1,6 +1,6 @@
 //! A progress line on stderr: redrawn in place on a terminal, every 10% in logs.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::Instant;
 
 pub struct Progress {
@@ -50,9 +50,7 @@ impl Progress {
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
         let width = 30;
         let filled = (self.done * width / self.total.max(1)).min(width) as usize;
-        let mut err = std::io::stderr().lock();
-        let _ = write!(
-            err,
+        let line = format!(
             "{prefix}{} [{}{}] {}/{} ({:.0}/s)",
             self.label,
             "#".repeat(filled),
@@ -61,9 +59,11 @@ impl Progress {
             self.total,
             self.done as f64 / secs
         );
-        if !self.terminal {
-            let _ = writeln!(err);
+        // eprint! (not a raw stderr handle) so test harnesses capture it.
+        if self.terminal {
+            eprint!("{line}");
+        } else {
+            eprintln!("{line}");
         }
-        let _ = err.flush();
     }
 }

@@ -197,10 +197,9 @@ impl ShardWriter {
 
 impl Drop for ShardWriter {
     fn drop(&mut self) {
-        if self.file.take().is_some() {
-            // Not finished: leave nothing half-written behind.
-            let _ = fs::remove_file(&self.tmp_path);
-        }
+        // Unfinished, or finishing failed: leave nothing half-written behind. After a successful
+        // finish the temp name no longer exists and this does nothing.
+        let _ = fs::remove_file(&self.tmp_path);
     }
 }
 
@@ -272,22 +271,23 @@ impl SetWriter {
         if full {
             self.finish_current()?;
         }
-        if self.current.is_none() {
-            let ordinal = self.finished.len() as u64;
-            let mut metadata = Metadata::images(self.options.classes.clone());
-            metadata.schema = self.options.schema.clone();
-            metadata.params = self.options.params.clone();
-            metadata.shard = Some(ShardInfo {
-                set: self.options.name.clone(),
-                ordinal,
-            });
-            let path = self.dir.join(format!("shard-{ordinal:05}.rdl"));
-            self.current = Some(ShardWriter::create(path, metadata)?);
-        }
-        match self.current.as_mut() {
-            Some(writer) => writer.append(info, bytes).map(|_| ()),
-            None => unreachable!("a shard was just started"),
-        }
+        let writer = match &mut self.current {
+            Some(writer) => writer,
+            None => self.current.insert(self.start_shard()?),
+        };
+        writer.append(info, bytes).map(|_| ())
+    }
+
+    fn start_shard(&self) -> Result<ShardWriter> {
+        let ordinal = self.finished.len() as u64;
+        let mut metadata = Metadata::images(self.options.classes.clone());
+        metadata.schema = self.options.schema.clone();
+        metadata.params = self.options.params.clone();
+        metadata.shard = Some(ShardInfo {
+            set: self.options.name.clone(),
+            ordinal,
+        });
+        ShardWriter::create(self.dir.join(format!("shard-{ordinal:05}.rdl")), metadata)
     }
 
     /// Finishes the last shard and writes the manifest.
