@@ -1,4 +1,39 @@
-//! Dtypes, shapes, Tensor, Device, the Backend trait, autograd and the f64 reference implementation.
+//! Tensors, dtypes, devices, the Backend trait, autograd and the f64 reference implementation.
 //!
-//! An empty shell for now: issue 3 (tensor and autograd core) fills it. The crate exists so the workspace layout of
-//! `DESIGN.md` (and its dependency rules) is in place from the first commit.
+//! * [`Tensor`] — a strided view of an opaque device [`Storage`] on a [`Device`]; views
+//!   (reshape, permute, transpose, narrow, broadcast, channels-last) share storage.
+//! * [`Backend`] — the one small, object-safe trait every device implements, grouped by op family
+//!   ([`UnaryOp`], [`BinaryOp`], [`ReduceOp`], [`OtherOp`]); each backend declares its
+//!   (op, dtype) matrix and the front end refuses undeclared pairs with a clear error.
+//! * Autograd — reverse mode on a tape recorded as ops run: `backward()`, accumulating `.grad()`,
+//!   [`no_grad`], `detach`, `with_requires_grad`; the tape is freed as backward consumes it.
+//! * [`reference::Reference`] — every op as plain f64 loops: the yardstick for every backend.
+//!
+//! ```
+//! use redline_tensor::{Device, Tensor};
+//! # fn main() -> redline_tensor::Result<()> {
+//! let dev = Device::reference();
+//! let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3], &dev)?.with_requires_grad(true);
+//! let y = x.mul(&x)?.sum(&[], false)?; // sum of squares
+//! y.backward()?;
+//! assert_eq!(x.grad().unwrap().to_vec::<f32>()?, [2.0, 4.0, 6.0]);
+//! # Ok(()) }
+//! ```
+
+mod autograd;
+pub mod backend;
+mod device;
+pub mod dtype;
+mod error;
+pub mod layout;
+mod ops;
+pub mod reference;
+mod tensor;
+
+pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
+pub use backend::{Backend, BinaryOp, HostBytes, Op, OtherOp, ReduceOp, Storage, UnaryOp, View};
+pub use device::Device;
+pub use dtype::{DType, Element};
+pub use error::{Result, TensorError};
+pub use layout::Layout;
+pub use tensor::Tensor;

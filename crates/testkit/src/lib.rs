@@ -1,4 +1,20 @@
-//! Proptest strategies, gradcheck and the one conformance suite every backend runs.
+//! Testing every backend against the reference.
 //!
-//! An empty shell for now: issue 3 (tensor and autograd core) fills it. The crate exists so the workspace layout of
-//! `DESIGN.md` (and its dependency rules) is in place from the first commit.
+//! * [`strategies`] — proptest strategies for op cases: shapes with size-1 and odd axes,
+//!   non-contiguous and channels-last views, broadcasting pairs, values kept away from kinks
+//!   (relu at 0, ties of max) and outside domains (log of negatives).
+//! * [`gradcheck`] — the reference's backward against central finite differences in f64.
+//! * [`conformance`] — the one suite any backend runs with one call: every declared
+//!   (op, dtype) pair forward and backward against the reference with dtype-aware tolerances,
+//!   undeclared pairs must be refused, invalid inputs must be errors. It prints the matrix.
+//! * [`broken`] — a deliberately broken backend, to show the suite can fail.
+
+pub mod broken;
+pub mod case;
+pub mod conformance;
+pub mod gradcheck;
+pub mod strategies;
+
+pub use case::{Case, Input, ViewKind};
+pub use conformance::{run_conformance, Report, SuiteConfig};
+pub use gradcheck::gradcheck;

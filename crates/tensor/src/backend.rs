@@ -1,0 +1,293 @@
+//! The Backend contract (DESIGN.md, contract 2): one small, object-safe trait, grouped by op family.
+//!
+//! A backend owns device memory behind opaque [`Storage`] handles and runs ops on it. Ops
+//! *enqueue* work and return a new storage; only [`Backend::download`] and
+//! [`Backend::synchronize`] wait. The tensor front end (shapes, broadcasting, autograd, dtype
+//! checks) is shared, so a backend implements kernels and nothing else, and every op's backward is
+//! expressed through these same forward ops.
+//!
+//! # Mapping onto CUDA (cudarc 0.19)
+//! Each CUDA device holds one `CudaStream` on which every method is stream-ordered:
+//! - `alloc_zeroed`/`fill` → `stream.alloc_zeros` / a fill kernel (stream-ordered
+//!   `cuMemAllocAsync`, so allocation is legal inside graph capture).
+//! - `upload` → `stream.memcpy_htod` from the [`HostBytes`] (pinned when the CUDA allocator of
+//!   `redline-hostmem` made it), then an event; the `HostBytes` is dropped — returning a pooled
+//!   buffer to its pool — only when that event has completed (DESIGN contract 7).
+//! - op methods → kernel launches (`stream.launch_builder`), cuBLASLt GEMMs, cuDNN calls on the
+//!   stream; nothing blocks the host.
+//! - `download` → `stream.memcpy_dtoh` into host memory + `stream.synchronize()`.
+//! - `synchronize` → `stream.synchronize()`.
+//! - Graph capture: a training step whose shapes are static is bracketed by
+//!   `cuStreamBeginCapture`/`cuStreamEndCapture` and replayed with `cuGraphLaunch`; it works
+//!   because ops never wait on the host and scalars stay on the device (`fill`, device flags).
+
+use std::any::Any;
+use std::fmt;
+use std::ops::Deref;
+
+use redline_hostmem::PooledBuffer;
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::layout::Layout;
+
+/// Device memory: an opaque handle. Only the backend that made it can look inside.
+pub struct Storage {
+    dtype: DType,
+    len: usize,
+    owner: usize,
+    inner: Box<dyn Any + Send + Sync>,
+}
+
+impl Storage {
+    /// Wraps a backend's own storage type. `owner` identifies the backend instance
+    /// (see [`Backend::id`]) so a storage handed to the wrong one is refused.
+    pub fn new<T: Any + Send + Sync>(dtype: DType, len: usize, owner: usize, inner: T) -> Self {
+        Self {
+            dtype,
+            len,
+            owner,
+            inner: Box::new(inner),
+        }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The backend's view of its storage, if `owner` made it.
+    pub fn downcast<T: Any>(&self, owner: usize) -> Option<&T> {
+        (self.owner == owner)
+            .then(|| self.inner.downcast_ref::<T>())
+            .flatten()
+    }
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Storage({} x {})", self.len, self.dtype)
+    }
+}
+
+/// A storage seen through a layout: an op's operand.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a> {
+    pub storage: &'a Storage,
+    pub layout: &'a Layout,
+}
+
+impl View<'_> {
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+}
+
+/// Host bytes handed to [`Backend::upload`], owned by the backend until the copy has completed.
+#[derive(Debug)]
+pub enum HostBytes {
+    /// A buffer from a `redline-hostmem` pool (pinned on CUDA) and how many of its bytes are used;
+    /// it returns to its pool when the backend drops it after the copy.
+    Pooled(PooledBuffer, usize),
+    Owned(Vec<u8>),
+}
+
+impl Deref for HostBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            HostBytes::Pooled(buffer, used) => &buffer[..(*used).min(buffer.len())],
+            HostBytes::Owned(bytes) => bytes,
+        }
+    }
+}
+
+macro_rules! op_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident => $text:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name { $($(#[$vm])* $variant),* }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+            pub fn name(self) -> &'static str {
+                match self { $($name::$variant => $text),* }
+            }
+        }
+    };
+}
+
+op_enum!(
+    /// Elementwise ops of one operand; the output has the input's dtype.
+    UnaryOp {
+        Neg => "neg",
+        Exp => "exp",
+        Log => "log",
+        Sqrt => "sqrt",
+        Rsqrt => "rsqrt",
+        Relu => "relu",
+        /// Exact (erf) GELU, PyTorch's default.
+        Gelu => "gelu",
+        /// d gelu(x) / dx, for GELU's backward.
+        GeluGrad => "gelu_grad",
+        Sigmoid => "sigmoid",
+        Tanh => "tanh",
+    }
+);
+
+op_enum!(
+    /// Elementwise ops of two operands of one dtype, already broadcast to one shape.
+    /// Comparisons return u8 (0 or 1).
+    BinaryOp {
+        Add => "add",
+        Sub => "sub",
+        Mul => "mul",
+        Div => "div",
+        Pow => "pow",
+        Maximum => "maximum",
+        Minimum => "minimum",
+        Eq => "eq",
+        Ne => "ne",
+        Lt => "lt",
+        Le => "le",
+        Gt => "gt",
+        Ge => "ge",
+    }
+);
+
+impl BinaryOp {
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
+    }
+}
+
+op_enum!(
+    /// Reductions over axes (kept as size 1). `ArgMax` reduces one axis and returns i64.
+    ReduceOp {
+        Sum => "sum",
+        Max => "max",
+        ArgMax => "argmax",
+    }
+);
+
+op_enum!(
+    /// Ops that are not elementwise or reductions.
+    OtherOp {
+        /// Batched matrix product.
+        Matmul => "matmul",
+        /// `cond ? a : b`, elementwise.
+        Select => "where",
+        /// Strided copy with dtype conversion (contiguous, channels-last, cast).
+        Convert => "convert",
+        /// Strided copy into part of an existing storage (concat, padding, in-place updates).
+        CopyInto => "copy_into",
+        /// A storage filled with one value.
+        Fill => "fill",
+    }
+);
+
+/// Every op a backend can declare, for the (op, dtype) matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Reduce(ReduceOp),
+    Other(OtherOp),
+}
+
+impl Op {
+    /// Every op, grouped by family.
+    pub fn all() -> Vec<Op> {
+        let unary = UnaryOp::ALL.iter().map(|&o| Op::Unary(o));
+        let binary = BinaryOp::ALL.iter().map(|&o| Op::Binary(o));
+        let reduce = ReduceOp::ALL.iter().map(|&o| Op::Reduce(o));
+        let other = OtherOp::ALL.iter().map(|&o| Op::Other(o));
+        unary.chain(binary).chain(reduce).chain(other).collect()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Unary(o) => o.name(),
+            Op::Binary(o) => o.name(),
+            Op::Reduce(o) => o.name(),
+            Op::Other(o) => o.name(),
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A compute device's kernels and memory. Object-safe; shared as `Arc<dyn Backend>` by
+/// [`Device`](crate::Device).
+///
+/// Every op writes a **new** storage, except `copy_into`. Output layouts passed in as `out` are
+/// dense (every element once, any axis order — row-major or channels-last). The front end has
+/// already checked shapes, dtypes and [`supports`](Self::supports); a backend may still return
+/// errors (out of memory, a foreign storage).
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// A name for messages and registries: "reference", "cpu", "wgpu:llvmpipe", "cuda:0".
+    fn name(&self) -> String;
+
+    /// A number unique to this backend instance; stamped on every storage it makes.
+    fn id(&self) -> usize;
+
+    /// Whether the backend implements `op` for `dtype` (its declared matrix). The front end
+    /// refuses undeclared pairs with [`TensorError::Unsupported`](crate::TensorError).
+    fn supports(&self, op: Op, dtype: DType) -> bool;
+
+    // --- memory -------------------------------------------------------------------------
+
+    /// `len` elements of `dtype`, all `value` (rounded to the dtype).
+    fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<Storage>;
+
+    /// A storage holding `bytes` (little-endian elements of `dtype`). The backend owns `bytes`
+    /// until the copy has completed, then drops it (returning a pooled buffer to its pool).
+    fn upload(&self, dtype: DType, bytes: HostBytes) -> Result<Storage>;
+
+    /// The view's elements in row-major order as little-endian bytes. Waits for pending work.
+    fn download(&self, x: View<'_>) -> Result<Vec<u8>>;
+
+    /// Waits until every enqueued op has finished.
+    fn synchronize(&self) -> Result<()>;
+
+    // --- op families --------------------------------------------------------------------
+
+    /// `op(x)` elementwise, written in layout `out`.
+    fn unary(&self, op: UnaryOp, x: View<'_>, out: &Layout) -> Result<Storage>;
+
+    /// `op(a, b)` elementwise over views already broadcast to `out`'s shape.
+    fn binary(&self, op: BinaryOp, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage>;
+
+    /// Reduces `axes` (sorted, unique; kept with size 1) into a contiguous output. `ArgMax`
+    /// gets exactly one axis and writes i64.
+    fn reduce(&self, op: ReduceOp, x: View<'_>, axes: &[usize]) -> Result<Storage>;
+
+    /// `[.., M, K] @ [.., K, N]` with equal batch shapes (broadcast batches have stride 0;
+    /// transposed operands arrive as strides) into a contiguous `[.., M, N]`.
+    fn matmul(&self, a: View<'_>, b: View<'_>) -> Result<Storage>;
+
+    /// `cond != 0 ? a : b` over views broadcast to `out`'s shape; `cond` is u8.
+    fn select(&self, cond: View<'_>, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage>;
+
+    /// `x` converted to `dtype` and written in layout `out` (copy, relayout, cast).
+    fn convert(&self, x: View<'_>, dtype: DType, out: &Layout) -> Result<Storage>;
+
+    /// Writes `src` (converted to the destination's dtype) into the part of `dst` that `at`
+    /// describes. The only op that mutates a storage; stream-ordered like the others.
+    fn copy_into(&self, dst: &Storage, at: &Layout, src: View<'_>) -> Result<()>;
+}

@@ -1,0 +1,69 @@
+//! `Device`: a cheap, clonable handle to a backend (DESIGN.md, contract 3).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::{Backend, Op};
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+
+/// A handle to a backend. Two handles are the same device when they share the backend instance.
+#[derive(Clone)]
+pub struct Device(Arc<dyn Backend>);
+
+impl Device {
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self(backend)
+    }
+
+    /// The f64 reference implementation (plain loops; the yardstick for every backend).
+    pub fn reference() -> Self {
+        Self(Arc::new(crate::reference::Reference::new()))
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.0
+    }
+
+    pub fn name(&self) -> String {
+        self.0.name()
+    }
+
+    /// Errors with [`TensorError::Unsupported`] unless the backend declares `(op, dtype)`.
+    pub fn check(&self, op: Op, dtype: DType) -> Result<()> {
+        if self.0.supports(op, dtype) {
+            Ok(())
+        } else {
+            Err(TensorError::Unsupported {
+                op,
+                dtype,
+                device: self.name(),
+            })
+        }
+    }
+
+    /// Waits for all enqueued work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.synchronize()
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id() == other.0.id()
+    }
+}
+
+impl Eq for Device {}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}

@@ -1,0 +1,69 @@
+//! Copies with conversion: dtype casts, contiguous, channels-last.
+
+use crate::backend::{Op, OtherOp};
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// The same values in `dtype` (rounded; float → integer truncates toward zero). Gradients
+    /// flow back through casts between float dtypes.
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        self.convert(dtype, self.layout().output_like())
+    }
+
+    /// A row-major copy (or this tensor, when it already is row-major).
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.layout().is_contiguous() {
+            return Ok(self.clone());
+        }
+        self.convert(self.dtype(), Layout::contiguous(self.shape()))
+    }
+
+    /// The same NCHW tensor stored channels-last (NHWC in memory), as PyTorch's
+    /// `memory_format=torch.channels_last`.
+    pub fn to_channels_last(&self) -> Result<Tensor> {
+        let layout = Layout::channels_last(self.shape())?;
+        if self.layout() == &layout {
+            return Ok(self.clone());
+        }
+        self.convert(self.dtype(), layout)
+    }
+
+    /// Whether the tensor is stored channels-last.
+    pub fn is_channels_last(&self) -> bool {
+        Layout::channels_last(self.shape()).is_ok_and(|l| self.layout().strides() == l.strides())
+    }
+
+    fn convert(&self, dtype: DType, out: Layout) -> Result<Tensor> {
+        self.device()
+            .check(Op::Other(OtherOp::Convert), self.dtype())?;
+        self.device().check(Op::Other(OtherOp::Convert), dtype)?;
+        let storage = self.backend().convert(self.view(), dtype, &out)?;
+        let y = Tensor::from_storage(storage, out, self.device().clone());
+        if !(dtype.is_float() && self.dtype().is_float()) {
+            return Ok(y);
+        }
+        let from = self.dtype();
+        Ok(y.record("convert", &[self], move |g| Ok(vec![Some(g.cast(from)?)])))
+    }
+
+    /// Writes `src` into the region `at` of this tensor's storage, in place (no autograd: use it
+    /// to build fresh tensors, or under `no_grad` for updates).
+    pub(crate) fn write_region(&self, at: &Layout, src: &Tensor) -> Result<()> {
+        if at.shape() != src.shape() {
+            return Err(TensorError::shape(format!(
+                "copy_into: region {:?} and source {:?}",
+                at.shape(),
+                src.shape()
+            )));
+        }
+        self.device()
+            .check(Op::Other(OtherOp::CopyInto), self.dtype())?;
+        self.backend().copy_into(self.storage(), at, src.view())
+    }
+}

@@ -1,0 +1,8 @@
+//! The op set, one family per file: the tensor-level API (checks, broadcasting, output layout),
+//! its backward, and the reference kernel beside it.
+
+pub(crate) mod convert;
+pub(crate) mod elementwise;
+pub(crate) mod matmul;
+pub(crate) mod reduce;
+pub(crate) mod shape;

@@ -1,0 +1,337 @@
+//! `Tensor`: a shared storage seen through a layout, on a device, maybe on the autograd tape.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::autograd::{self, BackwardFn, Node};
+use crate::backend::{Backend, HostBytes, Op, OtherOp, Storage, View};
+use crate::device::Device;
+use crate::dtype::{self, DType, Element};
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+
+/// An n-dimensional array on a device. Cloning is cheap (it shares everything); views share the
+/// storage with a new layout.
+#[derive(Clone)]
+pub struct Tensor(Arc<Inner>);
+
+struct Inner {
+    storage: Arc<Storage>,
+    layout: Layout,
+    device: Device,
+    requires_grad: bool,
+    node: Option<Arc<Node>>,
+    grad: Mutex<Option<Tensor>>,
+}
+
+impl Tensor {
+    /// A tensor over `storage` that is not on the tape.
+    pub fn from_storage(storage: Storage, layout: Layout, device: Device) -> Self {
+        Self::plain(Arc::new(storage), layout, device)
+    }
+
+    fn plain(storage: Arc<Storage>, layout: Layout, device: Device) -> Self {
+        Self(Arc::new(Inner {
+            storage,
+            layout,
+            device,
+            requires_grad: false,
+            node: None,
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// Uploads `values` as a tensor of `shape` (dtype from `T`).
+    pub fn from_slice<T: Element>(values: &[T], shape: &[usize], device: &Device) -> Result<Self> {
+        Self::from_bytes(dtype::to_bytes(values), T::DTYPE, shape, device)
+    }
+
+    /// Uploads little-endian bytes of `dtype` as a tensor of `shape`.
+    pub fn from_bytes(
+        bytes: Vec<u8>,
+        dtype: DType,
+        shape: &[usize],
+        device: &Device,
+    ) -> Result<Self> {
+        Self::upload(HostBytes::Owned(bytes), dtype, shape, device)
+    }
+
+    /// Uploads host bytes (e.g. a pooled, pinned loader batch) as a tensor of `shape`; the device
+    /// keeps the buffer until the copy completes, then returns it to its pool.
+    pub fn upload(
+        bytes: HostBytes,
+        dtype: DType,
+        shape: &[usize],
+        device: &Device,
+    ) -> Result<Self> {
+        let numel: usize = shape.iter().product();
+        if bytes.len() != numel * dtype.size() {
+            return Err(TensorError::shape(format!(
+                "{} bytes do not hold a {dtype} tensor of shape {shape:?} ({} bytes)",
+                bytes.len(),
+                numel * dtype.size()
+            )));
+        }
+        let storage = device.backend().upload(dtype, bytes)?;
+        Ok(Self::from_storage(
+            storage,
+            Layout::contiguous(shape),
+            device.clone(),
+        ))
+    }
+
+    /// A tensor of `shape` filled with `value`.
+    pub fn full(value: f64, shape: &[usize], dtype: DType, device: &Device) -> Result<Self> {
+        device.check(Op::Other(OtherOp::Fill), dtype)?;
+        let numel = shape.iter().product();
+        let storage = device.backend().fill(dtype, numel, value)?;
+        Ok(Self::from_storage(
+            storage,
+            Layout::contiguous(shape),
+            device.clone(),
+        ))
+    }
+
+    pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Self> {
+        Self::full(0.0, shape, dtype, device)
+    }
+
+    pub fn ones(shape: &[usize], dtype: DType, device: &Device) -> Result<Self> {
+        Self::full(1.0, shape, dtype, device)
+    }
+
+    /// A 0-d tensor holding `value`, on this tensor's device and of its dtype.
+    pub fn scalar_like(&self, value: f64) -> Result<Self> {
+        Self::full(value, &[], self.dtype(), self.device())
+    }
+
+    /// Downloads the elements in row-major order, converted to `T`.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let bytes = self.device().backend().download(self.view())?;
+        Ok(dtype::from_bytes(&bytes, self.dtype()))
+    }
+
+    /// Downloads the elements as f64 (exact for every dtype but i64 beyond 2^53).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        self.to_vec::<f64>()
+    }
+
+    /// The single element of a one-element tensor.
+    pub fn item(&self) -> Result<f64> {
+        match self.to_f64_vec()?.as_slice() {
+            [v] => Ok(*v),
+            values => Err(TensorError::shape(format!(
+                "item() needs one element, the tensor has shape {:?} ({} elements)",
+                self.shape(),
+                values.len()
+            ))),
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.0.layout.shape()
+    }
+
+    pub fn rank(&self) -> usize {
+        self.0.layout.rank()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.0.layout.numel()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.0.storage.dtype()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.0.storage
+    }
+
+    /// The operand view backends take.
+    pub fn view(&self) -> View<'_> {
+        View {
+            storage: &self.0.storage,
+            layout: &self.0.layout,
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.0.device.backend()
+    }
+
+    // --- autograd -----------------------------------------------------------------------
+
+    /// Whether gradients flow to (or through) this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.0.requires_grad
+    }
+
+    /// A leaf sharing this tensor's data that does (or does not) require gradients.
+    pub fn with_requires_grad(self, requires_grad: bool) -> Self {
+        Self(Arc::new(Inner {
+            storage: self.0.storage.clone(),
+            layout: self.0.layout.clone(),
+            device: self.0.device.clone(),
+            requires_grad,
+            node: None,
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// The same data, off the tape.
+    pub fn detach(&self) -> Self {
+        Self::plain(
+            self.0.storage.clone(),
+            self.0.layout.clone(),
+            self.0.device.clone(),
+        )
+    }
+
+    /// Whether this tensor was made by the user rather than recorded by an op.
+    pub fn is_leaf(&self) -> bool {
+        self.0.node.is_none()
+    }
+
+    /// The accumulated gradient of a leaf, after `backward()`.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0
+            .grad
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Clears the accumulated gradient.
+    pub fn zero_grad(&self) {
+        *self.0.grad.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Backpropagates from this one-element tensor (gradient 1).
+    pub fn backward(&self) -> Result<()> {
+        if self.numel() != 1 {
+            return Err(TensorError::Autograd(format!(
+                "backward() without a gradient needs a one-element tensor, not shape {:?}",
+                self.shape()
+            )));
+        }
+        let one = Self::full(1.0, self.shape(), self.dtype(), self.device())?;
+        autograd::backward(self, one)
+    }
+
+    /// Backpropagates `grad`, the gradient of this tensor (same shape).
+    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        if grad.shape() != self.shape() {
+            return Err(TensorError::shape(format!(
+                "backward_with: gradient of shape {:?} for a tensor of shape {:?}",
+                grad.shape(),
+                self.shape()
+            )));
+        }
+        autograd::backward(self, grad.detach())
+    }
+
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    pub(crate) fn node(&self) -> Option<&Arc<Node>> {
+        self.0.node.as_ref()
+    }
+
+    pub(crate) fn accumulate_grad(&self, grad: Tensor) -> Result<()> {
+        let grad = if grad.shape() == self.shape() && grad.dtype() == self.dtype() {
+            grad.detach()
+        } else {
+            grad.sum_to(self.shape())?.cast(self.dtype())?.detach()
+        };
+        let mut slot = self.0.grad.lock().unwrap_or_else(|p| p.into_inner());
+        let total = match slot.take() {
+            Some(previous) => previous.add(&grad)?.detach(),
+            None => grad,
+        };
+        *slot = Some(total);
+        Ok(())
+    }
+
+    /// Records this freshly computed tensor on the tape as the output of `name` applied to
+    /// `inputs`, when any of them requires grad and recording is on. `backward` is called with
+    /// the output's gradient and returns one gradient per input.
+    pub(crate) fn record(
+        self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Self {
+        let needed = autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
+        if !needed {
+            return self;
+        }
+        let backward: BackwardFn = Box::new(backward);
+        let node = Node::new(name, inputs.iter().map(|&t| t.clone()).collect(), backward);
+        Self(Arc::new(Inner {
+            storage: self.0.storage.clone(),
+            layout: self.0.layout.clone(),
+            device: self.0.device.clone(),
+            requires_grad: true,
+            node: Some(node),
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// A new tensor sharing this storage through `layout` (views).
+    pub(crate) fn with_layout(&self, layout: Layout) -> Self {
+        Self::plain(self.0.storage.clone(), layout, self.0.device.clone())
+    }
+
+    /// Errors unless `other` lives on the same device.
+    pub(crate) fn same_device(&self, other: &Tensor, op: &str) -> Result<()> {
+        if self.device() != other.device() {
+            return Err(TensorError::Device(format!(
+                "{op}: tensors on {} and {} (move one with to_device first)",
+                self.device(),
+                other.device()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Errors unless `other` has the same dtype.
+    pub(crate) fn same_dtype(&self, other: &Tensor, op: &str) -> Result<()> {
+        if self.dtype() != other.dtype() {
+            return Err(TensorError::dtype(format!(
+                "{op}: {} {:?} and {} {:?} (cast one first)",
+                self.dtype(),
+                self.shape(),
+                other.dtype(),
+                other.shape()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor({:?}, {}, {}{})",
+            self.shape(),
+            self.dtype(),
+            self.device(),
+            if self.requires_grad() {
+                ", requires_grad"
+            } else {
+                ""
+            }
+        )
+    }
+}

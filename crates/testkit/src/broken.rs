@@ -1,0 +1,131 @@
+//! A deliberately broken backend: the reference with one op's results nudged. The conformance
+//! suite must catch it — proof that the suite can fail.
+
+use redline_tensor::backend::{Backend, BinaryOp, HostBytes, Op, ReduceOp, Storage, UnaryOp, View};
+use redline_tensor::reference::Reference;
+use redline_tensor::{DType, Layout, Result};
+
+/// Which op to break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing broken (combine with [`Broken::without`] to test refusals).
+    None,
+    /// `exp` returns `exp(x) * (1 + 1e-3)`: a forward error.
+    ExpOffByATenthPercent,
+    /// `sum` skips the last element of the first reduced axis: wrong forward, and wrong
+    /// gradients wherever a backward sums (broadcast operands, matmul batches).
+    SumDropsLastElement,
+    /// Declares f16 `neg` but fails when asked to run it.
+    RefusesDeclaredOp,
+}
+
+/// The reference backend with `fault` injected.
+#[derive(Debug)]
+pub struct Broken {
+    inner: Reference,
+    fault: Fault,
+    undeclared: Vec<DType>,
+}
+
+impl Broken {
+    pub fn new(fault: Fault) -> Self {
+        Self {
+            inner: Reference::new(),
+            fault,
+            undeclared: Vec::new(),
+        }
+    }
+
+    /// Stops declaring every op for `dtype` (as a backend without, say, f64 would).
+    pub fn without(mut self, dtype: DType) -> Self {
+        self.undeclared.push(dtype);
+        self
+    }
+}
+
+impl Backend for Broken {
+    fn name(&self) -> String {
+        format!("broken({:?})", self.fault)
+    }
+    fn id(&self) -> usize {
+        self.inner.id()
+    }
+    fn supports(&self, op: Op, dtype: DType) -> bool {
+        !self.undeclared.contains(&dtype) && self.inner.supports(op, dtype)
+    }
+    fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<Storage> {
+        self.inner.fill(dtype, len, value)
+    }
+    fn upload(&self, dtype: DType, bytes: HostBytes) -> Result<Storage> {
+        self.inner.upload(dtype, bytes)
+    }
+    fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
+        self.inner.download(x)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+    fn unary(&self, op: UnaryOp, x: View<'_>, out: &Layout) -> Result<Storage> {
+        let y = self.inner.unary(op, x, out)?;
+        match (self.fault, op) {
+            (Fault::ExpOffByATenthPercent, UnaryOp::Exp) => {
+                let factor = self.inner.fill(x.dtype(), 1, 1.001)?;
+                let scalar = Layout::contiguous(&[]).broadcast_to(out.shape())?;
+                let view = View {
+                    storage: &y,
+                    layout: out,
+                };
+                self.inner.binary(
+                    BinaryOp::Mul,
+                    view,
+                    View {
+                        storage: &factor,
+                        layout: &scalar,
+                    },
+                    out,
+                )
+            }
+            (Fault::RefusesDeclaredOp, UnaryOp::Neg) if x.dtype() == DType::F16 => {
+                Err(redline_tensor::TensorError::Backend {
+                    device: self.name(),
+                    what: "f16 neg kernel missing".into(),
+                })
+            }
+            _ => Ok(y),
+        }
+    }
+    fn binary(&self, op: BinaryOp, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage> {
+        self.inner.binary(op, a, b, out)
+    }
+    fn reduce(&self, op: ReduceOp, x: View<'_>, axes: &[usize]) -> Result<Storage> {
+        if self.fault == Fault::SumDropsLastElement && op == ReduceOp::Sum && x.layout.numel() > 1 {
+            // Sum over all but the last element of the first reduced axis.
+            let axis = axes[0];
+            let n = x.layout.shape()[axis];
+            if n > 1 {
+                let shorter = x.layout.narrow(axis, 0, n - 1)?;
+                return self.inner.reduce(
+                    op,
+                    View {
+                        storage: x.storage,
+                        layout: &shorter,
+                    },
+                    axes,
+                );
+            }
+        }
+        self.inner.reduce(op, x, axes)
+    }
+    fn matmul(&self, a: View<'_>, b: View<'_>) -> Result<Storage> {
+        self.inner.matmul(a, b)
+    }
+    fn select(&self, cond: View<'_>, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage> {
+        self.inner.select(cond, a, b, out)
+    }
+    fn convert(&self, x: View<'_>, dtype: DType, out: &Layout) -> Result<Storage> {
+        self.inner.convert(x, dtype, out)
+    }
+    fn copy_into(&self, dst: &Storage, at: &Layout, src: View<'_>) -> Result<()> {
+        self.inner.copy_into(dst, at, src)
+    }
+}

@@ -1,0 +1,328 @@
+//! The conformance suite: one call runs every op of a backend against the reference.
+
+use std::fmt::Write as _;
+
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use redline_tensor::{BinaryOp, DType, Device, Op, Tensor, TensorError};
+
+use crate::case::{Case, ViewKind};
+use crate::gradcheck::loss_weights;
+use crate::strategies;
+
+/// How hard to test.
+#[derive(Debug, Clone)]
+pub struct SuiteConfig {
+    /// Proptest cases per declared (op, dtype) pair.
+    pub cases: u32,
+    /// How long a failure may shrink, in milliseconds.
+    pub max_shrink_ms: u32,
+}
+
+impl Default for SuiteConfig {
+    fn default() -> Self {
+        Self {
+            cases: 24,
+            max_shrink_ms: 10_000,
+        }
+    }
+}
+
+/// What happened to one (op, dtype) pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cell {
+    /// Declared, and every case matched the reference.
+    Passed,
+    /// Declared, and a case did not match (see the report's failures).
+    Failed,
+    /// Not declared, and the device refused it with the clear error.
+    Refused,
+    /// The reference has no such pair either.
+    NotApplicable,
+}
+
+/// The suite's result: the matrix it ran and every failure, shrunk to a readable case.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub device: String,
+    pub cells: Vec<(Op, DType, Cell)>,
+    pub failures: Vec<String>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// The (op, dtype) matrix: ✓ passed, ✗ failed, · refused (undeclared), blank n/a.
+    pub fn matrix(&self) -> String {
+        let mut out = format!(
+            "conformance of {} against the reference\n{:<12}",
+            self.device, "op"
+        );
+        for d in DType::ALL {
+            let _ = write!(out, "{:>6}", d.to_string());
+        }
+        let mut current = None;
+        for (op, _, cell) in &self.cells {
+            if current != Some(*op) {
+                current = Some(*op);
+                let _ = write!(out, "\n{:<12}", op.name());
+            }
+            let mark = match cell {
+                Cell::Passed => "✓",
+                Cell::Failed => "✗",
+                Cell::Refused => "·",
+                Cell::NotApplicable => " ",
+            };
+            let _ = write!(out, "{mark:>6}");
+        }
+        let left_out: Vec<String> = self
+            .cells
+            .iter()
+            .filter(|(_, d, c)| *c == Cell::Refused && matches!(d, DType::F32 | DType::F16))
+            .map(|(o, d, _)| format!("{o}/{d}"))
+            .collect();
+        let _ = write!(
+            out,
+            "\n✓ passed  ✗ failed  · undeclared (refused with the clear error)\nundeclared f32/f16 pairs: {}\n",
+            if left_out.is_empty() { "none".to_string() } else { left_out.join(", ") }
+        );
+        out
+    }
+
+    /// Panics with the matrix and every failure unless the suite passed.
+    pub fn assert_passed(&self) {
+        assert!(
+            self.passed(),
+            "{}\n{} failure(s):\n{}",
+            self.matrix(),
+            self.failures.len(),
+            self.failures.join("\n\n")
+        );
+    }
+}
+
+/// Relative and absolute tolerance for comparing `dtype` results with the reference.
+pub fn tolerance(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F64 => (1e-9, 1e-9),
+        DType::F32 => (1e-4, 1e-5),
+        DType::F16 => (1e-2, 1e-2),
+        DType::BF16 => (4e-2, 4e-2),
+        DType::U8 | DType::I32 | DType::I64 => (0.0, 0.0),
+    }
+}
+
+fn close(got: &[f64], want: &[f64], dtype: DType, what: &str) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{what}: {} elements, the reference has {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let (rtol, atol) = tolerance(dtype);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= atol + rtol * w.abs();
+        if !ok {
+            return Err(format!(
+                "{what}[{i}] = {g}, reference {w} (tolerance {rtol} rel, {atol} abs)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A case's output values, input gradients and output shape on one device.
+type Outcome = (Vec<f64>, Vec<Vec<f64>>, Vec<usize>);
+
+/// Runs `case` on both devices and compares outputs and (when differentiable) input gradients.
+pub fn compare(device: &Device, reference: &Device, case: &Case) -> Result<(), String> {
+    let err = |dev: &Device, e: TensorError| format!("on {dev}: {e}");
+    let grads = case.differentiable();
+    let grad_inputs = case.grad_inputs();
+    let run = |dev: &Device| -> Result<Outcome, String> {
+        let built: Vec<(Tensor, Tensor)> = case
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x.build_leaf(dev, grads && grad_inputs.contains(&i)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| err(dev, e))?;
+        let views: Vec<Tensor> = built.iter().map(|(_, v)| v.clone()).collect();
+        let y = case.apply(&views).map_err(|e| err(dev, e))?;
+        let out = y.to_f64_vec().map_err(|e| err(dev, e))?;
+        let mut input_grads = Vec::new();
+        if grads {
+            let w = loss_weights(&y).map_err(|e| err(dev, e))?;
+            let loss = y
+                .mul(&w)
+                .and_then(|l| l.sum(&[], false))
+                .map_err(|e| err(dev, e))?;
+            loss.backward().map_err(|e| err(dev, e))?;
+            for &i in &grad_inputs {
+                let g = built[i]
+                    .0
+                    .grad()
+                    .ok_or_else(|| format!("on {dev}: input {i} got no gradient"))?;
+                input_grads.push(g.to_f64_vec().map_err(|e| err(dev, e))?);
+            }
+        }
+        Ok((out, input_grads, y.shape().to_vec()))
+    };
+    let (got, got_grads, got_shape) = run(device)?;
+    let (want, want_grads, want_shape) = run(reference)?;
+    if got_shape != want_shape {
+        return Err(format!(
+            "output shape {got_shape:?}, reference {want_shape:?}"
+        ));
+    }
+    close(&got, &want, case.dtype, "output")?;
+    for ((g, w), i) in got_grads.iter().zip(&want_grads).zip(&grad_inputs) {
+        close(g, w, case.dtype, &format!("grad of input {i}"))?;
+    }
+    Ok(())
+}
+
+/// Runs the whole suite on `device`: every op × dtype, against a fresh reference device.
+/// Never panics; see [`Report::assert_passed`].
+pub fn run_conformance(device: &Device, config: &SuiteConfig) -> Report {
+    let reference = Device::reference();
+    let mut report = Report {
+        device: device.name(),
+        cells: Vec::new(),
+        failures: Vec::new(),
+    };
+    for op in Op::all() {
+        for dtype in DType::ALL {
+            let declared = device.backend().supports(op, dtype);
+            let checkable = reference.backend().supports(op, dtype);
+            let cell = match (declared, checkable) {
+                (false, false) => Cell::NotApplicable,
+                (true, false) => {
+                    report.failures.push(format!(
+                        "{op}/{dtype}: declared by {} but the reference cannot check it",
+                        device.name()
+                    ));
+                    Cell::Failed
+                }
+                (false, true) => match check_refused(device, op, dtype) {
+                    Ok(()) => Cell::Refused,
+                    Err(e) => {
+                        report.failures.push(format!("{op}/{dtype}: {e}"));
+                        Cell::Failed
+                    }
+                },
+                (true, true) => match check_declared(device, &reference, op, dtype, config) {
+                    Ok(()) => Cell::Passed,
+                    Err(e) => {
+                        report.failures.push(format!("{op}/{dtype}: {e}"));
+                        Cell::Failed
+                    }
+                },
+            };
+            report.cells.push((op, dtype, cell));
+        }
+    }
+    if let Err(e) = check_invalid_inputs(device) {
+        report.failures.push(format!("invalid inputs: {e}"));
+    }
+    report
+}
+
+/// A deterministic runner: the same cases on every run and every machine.
+fn runner(config: &SuiteConfig) -> TestRunner {
+    let config = Config {
+        cases: config.cases,
+        max_shrink_time: config.max_shrink_ms,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha))
+}
+
+fn check_declared(
+    device: &Device,
+    reference: &Device,
+    op: Op,
+    dtype: DType,
+    config: &SuiteConfig,
+) -> Result<(), String> {
+    let mut runner = runner(config);
+    let result = runner.run(&strategies::case(op, dtype), |case| {
+        compare(device, reference, &case).map_err(TestCaseError::fail)
+    });
+    match result {
+        Ok(()) => Ok(()),
+        Err(TestError::Fail(why, case)) => Err(format!("{why}\n  minimal failing case: {case:?}")),
+        Err(TestError::Abort(why)) => Err(format!("aborted: {why}")),
+    }
+}
+
+/// An undeclared pair must fail with `TensorError::Unsupported`, not run or fail otherwise.
+fn check_refused(device: &Device, op: Op, dtype: DType) -> Result<(), String> {
+    let mut runner = TestRunner::deterministic();
+    let tree = strategies::case(op, dtype)
+        .new_tree(&mut runner)
+        .map_err(|e| format!("no case generated: {e}"))?;
+    let mut case = tree.current();
+    for input in &mut case.inputs {
+        input.view = ViewKind::Plain;
+        let n: usize = input.shape.iter().product();
+        input.values.truncate(n);
+    }
+    let inputs: Vec<Tensor> = case
+        .inputs
+        .iter()
+        .map(|x| x.build(device))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("could not even upload the inputs: {e}"))?;
+    match case.apply(&inputs) {
+        Err(TensorError::Unsupported { .. }) => Ok(()),
+        Err(other) => Err(format!(
+            "undeclared, but failed with another error: {other}"
+        )),
+        Ok(_) => Err(format!("undeclared by {}, yet it ran", device.name())),
+    }
+}
+
+/// Invalid shapes and dtypes are errors on the device, as on the reference.
+fn check_invalid_inputs(device: &Device) -> Result<(), String> {
+    let Some(dtype) = [DType::F32, DType::F64, DType::F16]
+        .into_iter()
+        .find(|&d| device.backend().supports(Op::Binary(BinaryOp::Add), d))
+    else {
+        return Ok(());
+    };
+    let make = |shape: &[usize], dtype: DType| -> Result<Tensor, String> {
+        let n: usize = shape.iter().product();
+        Tensor::from_bytes(vec![0u8; n * dtype.size()], dtype, shape, device)
+            .map_err(|e| e.to_string())
+    };
+    let (a, b) = (make(&[2, 3], dtype)?, make(&[4], dtype)?);
+    let expectations: Vec<(&str, Result<Tensor, TensorError>)> = vec![
+        ("add of [2, 3] and [4]", a.add(&b)),
+        ("matmul of [2, 3] and [4]", a.matmul(&make(&[4, 2], dtype)?)),
+        ("sum over axis 5 of [2, 3]", a.sum(&[5], false)),
+        (
+            "concat of [2, 3] and [4] on axis 0",
+            Tensor::concat(&[&a, &b], 0),
+        ),
+        (
+            "where with an f-typed condition",
+            Tensor::where_(&a, &a, &a),
+        ),
+        ("reshape [2, 3] to [4]", a.reshape(&[4])),
+        ("narrow 2..4 of an axis of 3", a.narrow(1, 2, 2)),
+        ("channels-last of a 2-d tensor", a.to_channels_last()),
+    ];
+    for (what, result) in expectations {
+        match result {
+            Err(TensorError::Shape(_)) | Err(TensorError::DType(_)) => {}
+            Err(other) => return Err(format!("{what}: expected a shape/dtype error, got {other}")),
+            Ok(t) => return Err(format!("{what}: accepted, giving shape {:?}", t.shape())),
+        }
+    }
+    Ok(())
+}

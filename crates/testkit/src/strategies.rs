@@ -1,0 +1,237 @@
+//! Proptest strategies: op cases with awkward shapes and layouts, values kept where the op and
+//! its gradient are smooth.
+
+use proptest::prelude::*;
+use redline_tensor::{BinaryOp, DType, Op, OtherOp, ReduceOp, UnaryOp};
+
+use crate::case::{Case, Input, ViewKind};
+
+/// Shapes of rank `ranks`, axes 1..=5 with extra weight on 1 (broadcasting, degenerate axes) and
+/// odd sizes.
+pub fn shape(ranks: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<usize>> {
+    let axis = prop_oneof![2 => Just(1usize), 3 => 2usize..=3, 2 => 4usize..=5];
+    prop::collection::vec(axis, ranks)
+}
+
+/// A view that fits `shape`.
+pub fn view_for(shape: &[usize]) -> BoxedStrategy<ViewKind> {
+    let mut kinds = vec![ViewKind::Plain];
+    if !shape.is_empty() {
+        kinds.push(ViewKind::Narrowed);
+    }
+    if shape.len() >= 2 {
+        kinds.push(ViewKind::Transposed);
+    }
+    if shape.len() == 4 {
+        kinds.push(ViewKind::ChannelsLast);
+    }
+    prop::sample::select(kinds).boxed()
+}
+
+/// Where an op's inputs should live so that the op and its gradient are well-conditioned.
+#[derive(Debug, Clone, Copy)]
+enum Domain {
+    /// [-2, 2].
+    Any,
+    /// [0.25, 3]: log, sqrt, rsqrt, pow's base.
+    Positive,
+    /// |x| in [0.5, 2]: divisors.
+    AwayFromZero,
+    /// Distinct values ≥ 0.2 apart (max, argmax, maximum/minimum, relu at 0): no ties, no kinks.
+    Distinct,
+    /// 0 or 1: conditions.
+    Mask,
+    /// [-1.5, 1.5]: exponents.
+    Exponent,
+}
+
+fn values(n: usize, domain: Domain, dtype: DType, salt: u32) -> BoxedStrategy<Vec<f64>> {
+    if !dtype.is_float() && !matches!(domain, Domain::Mask) {
+        // Small integers that neither overflow u8 nor underflow it in a subtraction
+        // (the left operand of an integer op gets 10..20, the right 0..9).
+        let range = if salt == 0 { 10i64..=20 } else { 0i64..=9 };
+        return prop::collection::vec(range.prop_map(|v| v as f64), n).boxed();
+    }
+    match domain {
+        Domain::Any => prop::collection::vec(-2.0..2.0f64, n).boxed(),
+        Domain::Positive => prop::collection::vec(0.25..3.0f64, n).boxed(),
+        Domain::Exponent => prop::collection::vec(-1.5..1.5f64, n).boxed(),
+        Domain::AwayFromZero => prop::collection::vec((0.5..2.0f64, any::<bool>()), n)
+            .prop_map(|v| {
+                v.into_iter()
+                    .map(|(m, neg)| if neg { -m } else { m })
+                    .collect()
+            })
+            .boxed(),
+        Domain::Mask => prop::collection::vec(0u8..=1, n)
+            .prop_map(|v| v.into_iter().map(f64::from).collect())
+            .boxed(),
+        Domain::Distinct => Just((0..n).collect::<Vec<usize>>())
+            .prop_shuffle()
+            .prop_map(move |order| {
+                // Magnitudes 0.1 + 0.11·m with m even for the first operand (salt 0) and odd for
+                // the second: no ties within or across inputs, nothing within 0.1 of zero.
+                order
+                    .into_iter()
+                    .map(|k| {
+                        let magnitude = 0.1 + 0.11 * (2 * k + salt as usize) as f64;
+                        if k % 2 == 0 {
+                            magnitude
+                        } else {
+                            -magnitude
+                        }
+                    })
+                    .collect()
+            })
+            .boxed(),
+    }
+}
+
+fn input(shape: Vec<usize>, dtype: DType, domain: Domain, salt: u32) -> BoxedStrategy<Input> {
+    view_for(&shape)
+        .prop_flat_map(move |view| {
+            let n: usize = Input::base_shape(&shape, view).iter().product();
+            let shape = shape.clone();
+            values(n, domain, dtype, salt).prop_map(move |values| Input {
+                shape: shape.clone(),
+                values,
+                dtype,
+                view,
+            })
+        })
+        .boxed()
+}
+
+/// Two shapes that broadcast: the second drops leading axes and/or sets some axes to 1.
+fn broadcast_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+    shape(0..=4).prop_flat_map(|a| {
+        let rank = a.len();
+        (
+            Just(a),
+            0..=rank,
+            prop::collection::vec(any::<bool>(), rank),
+        )
+            .prop_map(|(a, drop, ones)| {
+                let b: Vec<usize> = a
+                    .iter()
+                    .zip(&ones)
+                    .skip(drop)
+                    .map(|(&n, &one)| if one { 1 } else { n })
+                    .collect();
+                // Either side may be the one that broadcasts.
+                if ones.first().copied().unwrap_or(false) {
+                    (b, a)
+                } else {
+                    (a, b)
+                }
+            })
+    })
+}
+
+fn unary_domain(op: UnaryOp) -> Domain {
+    match op {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => Domain::Positive,
+        UnaryOp::Relu => Domain::Distinct,
+        _ => Domain::Any,
+    }
+}
+
+fn binary_domains(op: BinaryOp) -> (Domain, Domain) {
+    match op {
+        BinaryOp::Div => (Domain::Any, Domain::AwayFromZero),
+        BinaryOp::Pow => (Domain::Positive, Domain::Exponent),
+        BinaryOp::Maximum | BinaryOp::Minimum => (Domain::Distinct, Domain::Distinct),
+        _ => (Domain::Any, Domain::Any),
+    }
+}
+
+/// Cases for `op` on `dtype`.
+pub fn case(op: Op, dtype: DType) -> BoxedStrategy<Case> {
+    let make = move |inputs: Vec<Input>, axes: Vec<usize>| Case {
+        op,
+        dtype,
+        inputs,
+        axes,
+    };
+    match op {
+        Op::Unary(u) => shape(0..=4)
+            .prop_flat_map(move |s| input(s, dtype, unary_domain(u), 0))
+            .prop_map(move |x| make(vec![x], vec![]))
+            .boxed(),
+        Op::Binary(b) => {
+            let (da, db) = binary_domains(b);
+            broadcast_pair()
+                .prop_flat_map(move |(sa, sb)| (input(sa, dtype, da, 0), input(sb, dtype, db, 1)))
+                .prop_map(move |(a, b)| make(vec![a, b], vec![]))
+                .boxed()
+        }
+        Op::Reduce(r) => shape(1..=4)
+            .prop_flat_map(move |s| {
+                let rank = s.len();
+                let domain = if r == ReduceOp::Sum {
+                    Domain::Any
+                } else {
+                    Domain::Distinct
+                };
+                let axes = if r == ReduceOp::ArgMax {
+                    (0..rank).prop_map(|a| vec![a]).boxed()
+                } else {
+                    prop::sample::subsequence((0..rank).collect::<Vec<_>>(), 1..=rank).boxed()
+                };
+                (input(s, dtype, domain, 0), axes)
+            })
+            .prop_map(move |(x, axes)| make(vec![x], axes))
+            .boxed(),
+        Op::Other(OtherOp::Matmul) => (
+            1usize..=5,
+            1usize..=5,
+            1usize..=5,
+            0usize..=2,
+            any::<bool>(),
+        )
+            .prop_flat_map(move |(m, k, n, batch, broadcast)| {
+                let lead: Vec<usize> = (0..batch).map(|i| 2 + i).collect();
+                let mut sa = lead.clone();
+                sa.extend([m, k]);
+                // The right operand may drop its batch axes (broadcast over the left's).
+                let mut sb = if broadcast { vec![] } else { lead };
+                sb.extend([k, n]);
+                (
+                    input(sa, dtype, Domain::Any, 0),
+                    input(sb, dtype, Domain::Any, 1),
+                )
+            })
+            .prop_map(move |(a, b)| make(vec![a, b], vec![]))
+            .boxed(),
+        Op::Other(OtherOp::Select) => broadcast_pair()
+            .prop_flat_map(move |(sa, sb)| {
+                (
+                    input(sa.clone(), DType::U8, Domain::Mask, 0),
+                    input(sa, dtype, Domain::Any, 0),
+                    input(sb, dtype, Domain::Any, 1),
+                )
+            })
+            .prop_map(move |(c, a, b)| make(vec![c, a, b], vec![]))
+            .boxed(),
+        Op::Other(OtherOp::CopyInto) => (shape(1..=3), 1usize..=3)
+            .prop_flat_map(move |(s, extra)| {
+                let mut other = s.clone();
+                other[0] = extra;
+                (
+                    input(s, dtype, Domain::Any, 0),
+                    input(other, dtype, Domain::Any, 1),
+                )
+            })
+            .prop_map(move |(a, b)| make(vec![a, b], vec![0]))
+            .boxed(),
+        // Every axis ≥ 2, so transposes and channels-last are real relayouts.
+        Op::Other(OtherOp::Convert) => prop::collection::vec(2usize..=4, 2..=4)
+            .prop_flat_map(move |s| input(s, dtype, Domain::Any, 0))
+            .prop_map(move |x| make(vec![x], vec![]))
+            .boxed(),
+        Op::Other(OtherOp::Fill) => shape(1..=4)
+            .prop_flat_map(move |s| input(s, dtype, Domain::Any, 0))
+            .prop_map(move |x| make(vec![x], vec![]))
+            .boxed(),
+    }
+}

@@ -1,0 +1,129 @@
+//! The reference passes its own suite and gradcheck; broken backends fail the suite.
+
+use std::sync::Arc;
+
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use redline_tensor::{DType, Device, Op};
+use redline_testkit::broken::{Broken, Fault};
+use redline_testkit::conformance::Cell;
+use redline_testkit::{gradcheck, run_conformance, strategies, SuiteConfig};
+
+#[test]
+fn the_reference_backward_matches_finite_differences_for_every_op() {
+    let mut checked = 0;
+    for op in Op::all() {
+        let probe = redline_testkit::Case {
+            op,
+            dtype: DType::F64,
+            inputs: vec![],
+            axes: vec![],
+        };
+        if !probe.differentiable() {
+            continue;
+        }
+        let mut runner = TestRunner::new(Config {
+            cases: 12,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&strategies::case(op, DType::F64), |case| {
+                gradcheck(&case).map_err(TestCaseError::fail)
+            })
+            .unwrap_or_else(|e| panic!("gradcheck {op}: {e}"));
+        checked += 1;
+    }
+    assert!(checked >= 20, "only {checked} ops were gradchecked");
+}
+
+#[test]
+fn the_reference_passes_the_conformance_suite() {
+    let report = run_conformance(
+        &Device::reference(),
+        &SuiteConfig {
+            cases: 12,
+            max_shrink_ms: 5_000,
+        },
+    );
+    println!("{}", report.matrix());
+    report.assert_passed();
+}
+
+#[test]
+fn undeclared_dtypes_are_checked_refused_and_listed() {
+    let device = Device::new(Arc::new(Broken::new(Fault::None).without(DType::F16)));
+    let report = run_conformance(
+        &device,
+        &SuiteConfig {
+            cases: 4,
+            max_shrink_ms: 1_000,
+        },
+    );
+    report.assert_passed();
+    let refused = report.cells.iter().filter(|c| c.2 == Cell::Refused).count();
+    assert_eq!(
+        refused,
+        report.cells.iter().filter(|c| c.1 == DType::F16).count()
+    );
+    assert!(
+        report
+            .matrix()
+            .contains("undeclared f32/f16 pairs: neg/f16"),
+        "{}",
+        report.matrix()
+    );
+}
+
+fn broken_report(fault: Fault) -> redline_testkit::Report {
+    let device = Device::new(Arc::new(Broken::new(fault)));
+    run_conformance(
+        &device,
+        &SuiteConfig {
+            cases: 8,
+            max_shrink_ms: 2_000,
+        },
+    )
+}
+
+#[test]
+fn a_wrong_forward_fails_the_suite_with_a_shrunk_case() {
+    let report = broken_report(Fault::ExpOffByATenthPercent);
+    assert!(!report.passed());
+    let failure = report
+        .failures
+        .iter()
+        .find(|f| f.starts_with("exp/f64"))
+        .expect("exp/f64 fails");
+    assert!(failure.contains("minimal failing case"), "{failure}");
+    // f16's tolerance is wider than the 0.1% error: only the precise dtypes catch it.
+    assert!(report.failures.iter().any(|f| f.starts_with("exp/f32")));
+}
+
+#[test]
+fn a_wrong_reduction_fails_forward_and_the_gradients_built_on_it() {
+    let report = broken_report(Fault::SumDropsLastElement);
+    assert!(
+        report.failures.iter().any(|f| f.starts_with("sum/f32")),
+        "{:?}",
+        report.failures
+    );
+    assert!(
+        report
+            .failures
+            .iter()
+            .any(|f| f.starts_with("add/f32") && f.contains("grad")),
+        "{:?}",
+        report.failures
+    );
+}
+
+#[test]
+fn a_declared_op_that_errors_fails_the_suite() {
+    let report = broken_report(Fault::RefusesDeclaredOp);
+    let failure = report
+        .failures
+        .iter()
+        .find(|f| f.starts_with("neg/f16"))
+        .expect("neg/f16 fails");
+    assert!(failure.contains("f16 neg kernel missing"), "{failure}");
+}
