@@ -197,6 +197,51 @@ op_enum!(
     }
 );
 
+op_enum!(
+    /// Neural-network ops: softmax, indexing, convolution, pooling, randomness, input.
+    NnOp {
+        /// Softmax along one axis.
+        Softmax => "softmax",
+        /// Log-softmax along one axis.
+        LogSoftmax => "log_softmax",
+        /// `out[.., i, ..] = x[.., index[.., i, ..], ..]` along one axis (i64 index).
+        Gather => "gather",
+        /// The transpose of gather: `dst[.., index[i], ..] += src[.., i, ..]`, in place.
+        ScatterAdd => "scatter_add",
+        /// 2-d convolution (stride, padding, dilation, groups), NCHW logical, OIHW weights.
+        Conv2d => "conv2d",
+        /// Gradient of conv2d with respect to its input.
+        Conv2dInputGrad => "conv2d_input_grad",
+        /// Gradient of conv2d with respect to its weight.
+        Conv2dWeightGrad => "conv2d_weight_grad",
+        /// Max pooling; also returns each output's flat input position (i64).
+        MaxPool2d => "max_pool2d",
+        /// Average pooling (padding counted, as PyTorch's default).
+        AvgPool2d => "avg_pool2d",
+        /// Gradient of average pooling.
+        AvgPool2dGrad => "avg_pool2d_grad",
+        /// Uniform [0, 1) numbers from Philox-4x32-10 keyed by (seed, position).
+        RandomUniform => "random_uniform",
+        /// u8 NHWC batch → normalised float NCHW stored channels-last (the input op).
+        NormalizeInput => "normalize_input",
+    }
+);
+
+op_enum!(
+    /// Multi-tensor optimizer and mixed-precision ops; they update storages in place and read the
+    /// device-side found-inf flag, so a training step needs no host synchronisation.
+    OptimOp {
+        /// SGD with momentum, nesterov and weight decay (PyTorch's formulas).
+        Sgd => "sgd",
+        /// AdamW (decoupled weight decay) with a device-side step count.
+        AdamW => "adamw",
+        /// Multiplies gradients by 1/scale and raises found-inf on any inf/NaN.
+        UnscaleCheck => "unscale_check",
+        /// GradScaler's scale update (growth after clean intervals, backoff on overflow).
+        ScalerUpdate => "scaler_update",
+    }
+);
+
 /// Every op a backend can declare, for the (op, dtype) matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
@@ -204,6 +249,8 @@ pub enum Op {
     Binary(BinaryOp),
     Reduce(ReduceOp),
     Other(OtherOp),
+    Nn(NnOp),
+    Optim(OptimOp),
 }
 
 impl Op {
@@ -213,7 +260,15 @@ impl Op {
         let binary = BinaryOp::ALL.iter().map(|&o| Op::Binary(o));
         let reduce = ReduceOp::ALL.iter().map(|&o| Op::Reduce(o));
         let other = OtherOp::ALL.iter().map(|&o| Op::Other(o));
-        unary.chain(binary).chain(reduce).chain(other).collect()
+        let nn = NnOp::ALL.iter().map(|&o| Op::Nn(o));
+        let optim = OptimOp::ALL.iter().map(|&o| Op::Optim(o));
+        unary
+            .chain(binary)
+            .chain(reduce)
+            .chain(other)
+            .chain(nn)
+            .chain(optim)
+            .collect()
     }
 
     pub fn name(self) -> &'static str {
@@ -222,6 +277,77 @@ impl Op {
             Op::Binary(o) => o.name(),
             Op::Reduce(o) => o.name(),
             Op::Other(o) => o.name(),
+            Op::Nn(o) => o.name(),
+            Op::Optim(o) => o.name(),
+        }
+    }
+}
+
+/// Geometry of a 2-d convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Conv2dParams {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Default for Conv2dParams {
+    fn default() -> Self {
+        Self {
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+/// Geometry of 2-d pooling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pool2dParams {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+/// SGD hyper-parameters (PyTorch's `torch.optim.SGD`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdParams {
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+    /// Whether the momentum buffers hold a value yet (PyTorch initialises them with the first
+    /// gradient, undampened).
+    pub first_step: bool,
+}
+
+/// AdamW hyper-parameters (PyTorch's `torch.optim.AdamW`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWParams {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+/// GradScaler's update rule (PyTorch's `torch.amp.GradScaler`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScalerParams {
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: u64,
+}
+
+impl Default for ScalerParams {
+    fn default() -> Self {
+        Self {
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
         }
     }
 }
@@ -288,6 +414,120 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn convert(&self, x: View<'_>, dtype: DType, out: &Layout) -> Result<Storage>;
 
     /// Writes `src` (converted to the destination's dtype) into the part of `dst` that `at`
-    /// describes. The only op that mutates a storage; stream-ordered like the others.
+    /// describes. Stream-ordered like the other ops.
     fn copy_into(&self, dst: &Storage, at: &Layout, src: View<'_>) -> Result<()>;
+
+    // --- neural-network ops -------------------------------------------------------------
+
+    /// (Log-)softmax of `x` along `axis`, written in layout `out`.
+    fn softmax(&self, x: View<'_>, axis: usize, log: bool, out: &Layout) -> Result<Storage>;
+
+    /// `out[p] = x[p with axis coordinate replaced by index[p]]`; `index` (i64) has x's rank and
+    /// is no larger on any other axis; the output is contiguous of index's shape.
+    fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage>;
+
+    /// `dst[p with axis coordinate index[p]] += src[p]`, in place; `dst` is a whole contiguous
+    /// storage of shape `dst_shape`.
+    fn scatter_add(
+        &self,
+        dst: &Storage,
+        dst_shape: &[usize],
+        axis: usize,
+        index: View<'_>,
+        src: View<'_>,
+    ) -> Result<()>;
+
+    /// `x [N, C, H, W] ⋆ w [O, C/groups, KH, KW]` → `[N, O, HO, WO]` written in layout `out`.
+    fn conv2d(&self, x: View<'_>, w: View<'_>, p: &Conv2dParams, out: &Layout) -> Result<Storage>;
+
+    /// The gradient of conv2d's input (shape `out.shape()`) from the output gradient `g`.
+    fn conv2d_input_grad(
+        &self,
+        g: View<'_>,
+        w: View<'_>,
+        p: &Conv2dParams,
+        out: &Layout,
+    ) -> Result<Storage>;
+
+    /// The gradient of conv2d's weight (contiguous, shape `weight_shape`) from `x` and `g`.
+    fn conv2d_weight_grad(
+        &self,
+        x: View<'_>,
+        g: View<'_>,
+        p: &Conv2dParams,
+        weight_shape: &[usize],
+    ) -> Result<Storage>;
+
+    /// Max pooling into layout `out`, plus (contiguous, i64) the flat `h * W + w` position of
+    /// each output's maximum in its input plane (first maximum on ties).
+    fn max_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout)
+        -> Result<(Storage, Storage)>;
+
+    /// Average pooling (padding counted in the divisor) into layout `out`.
+    fn avg_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage>;
+
+    /// The input gradient of average pooling, written in layout `out` (the input's shape).
+    fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage>;
+
+    /// `len` uniform numbers in [0, 1): element `i` is Philox-4x32-10 with key `seed` and counter
+    /// `(offset + i) / 4`, word `(offset + i) % 4`, as `(word >> 8) * 2^-24`. Identical on every
+    /// backend, whatever the launch geometry (DESIGN contract 9).
+    fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage>;
+
+    /// `x` u8 `[N, H, W, C]` → `(x / 255 - mean[c]) / std[c]` as `dtype`, logically `[N, C, H, W]`
+    /// in layout `out` (channels-last: the same memory order as the input).
+    fn normalize_input(
+        &self,
+        x: View<'_>,
+        mean: &[f64],
+        std: &[f64],
+        dtype: DType,
+        out: &Layout,
+    ) -> Result<Storage>;
+
+    // --- optimizer and mixed-precision ops (in place) ------------------------------------
+
+    /// For every i, unless `found_inf` (one element) is non-zero: PyTorch's SGD step on
+    /// `params[i]` with `grads[i]` and momentum buffer `momentum[i]` (ignored without momentum).
+    fn sgd(
+        &self,
+        params: &[&Storage],
+        grads: &[&Storage],
+        momentum: &[&Storage],
+        p: &SgdParams,
+        found_inf: Option<&Storage>,
+    ) -> Result<()>;
+
+    /// Unless `found_inf` is non-zero: `step += 1`, then PyTorch's AdamW update of every
+    /// parameter with its gradient and moment buffers, bias-corrected with the new `step`.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &self,
+        params: &[&Storage],
+        grads: &[&Storage],
+        exp_avg: &[&Storage],
+        exp_avg_sq: &[&Storage],
+        step: &Storage,
+        p: &AdamWParams,
+        found_inf: Option<&Storage>,
+    ) -> Result<()>;
+
+    /// `g *= inv_scale` for every gradient, and `found_inf = 1` when any result is inf or NaN.
+    fn unscale_check(
+        &self,
+        grads: &[&Storage],
+        inv_scale: &Storage,
+        found_inf: &Storage,
+    ) -> Result<()>;
+
+    /// GradScaler's update: on `found_inf`, `scale *= backoff` and `growth_tracker = 0`; else
+    /// `growth_tracker += 1`, and when it reaches `growth_interval`, `scale *= growth` and it
+    /// resets to 0. Then `found_inf` is cleared for the next step.
+    fn scaler_update(
+        &self,
+        scale: &Storage,
+        growth_tracker: &Storage,
+        found_inf: &Storage,
+        p: &ScalerParams,
+    ) -> Result<()>;
 }

@@ -31,9 +31,14 @@ pub mod reference;
 mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
-pub use backend::{Backend, BinaryOp, HostBytes, Op, OtherOp, ReduceOp, Storage, UnaryOp, View};
+pub use backend::{
+    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, NnOp, Op, OptimOp, OtherOp,
+    Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
+};
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Result, TensorError};
 pub use layout::Layout;
+pub use ops::norm::RunningStats;
+pub use ops::optim;
 pub use tensor::Tensor;

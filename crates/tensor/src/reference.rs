@@ -7,7 +7,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::RwLock;
 
-use crate::backend::{Backend, BinaryOp, HostBytes, Op, OtherOp, ReduceOp, Storage, UnaryOp, View};
+use crate::backend::{
+    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, NnOp, Op, OtherOp, Pool2dParams,
+    ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
+};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -62,6 +65,25 @@ impl Reference {
         self.store(dtype, values)
     }
 
+    /// Runs `f` on a storage's values, mutably (the in-place ops).
+    fn update<R>(&self, s: &Storage, f: impl FnOnce(&mut Vec<f64>) -> R) -> Result<R> {
+        let values = s.downcast::<Values>(self.id).ok_or_else(|| {
+            TensorError::Device(
+                "a storage from another device was given to the reference backend".into(),
+            )
+        })?;
+        let mut values = values.0.write().unwrap_or_else(|p| p.into_inner());
+        let result = f(&mut values);
+        let dtype = s.dtype();
+        values.iter_mut().for_each(|v| *v = dtype.round(*v));
+        Ok(result)
+    }
+
+    /// Element 0 of a one-element storage.
+    fn scalar(&self, s: &Storage) -> Result<f64> {
+        Ok(self.values(s)?.first().copied().unwrap_or(0.0))
+    }
+
     /// The view's elements in logical row-major order.
     fn gather(&self, x: View<'_>) -> Result<Vec<f64>> {
         let values = self.values(x.storage)?;
@@ -85,7 +107,9 @@ impl Backend for Reference {
         // Integers: exact arithmetic, comparisons, selection, reductions and copies. A u8 sum
         // would overflow (PyTorch promotes it to i64): cast first.
         match op {
-            Op::Unary(_) => false,
+            Op::Unary(_) | Op::Optim(_) => false,
+            // Indexing works on any dtype; the rest of the nn family needs floats.
+            Op::Nn(n) => matches!(n, NnOp::Gather) || (n == NnOp::ScatterAdd && dtype != DType::U8),
             Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow),
             Op::Reduce(r) => !(r == ReduceOp::Sum && dtype == DType::U8),
             Op::Other(o) => o != OtherOp::Matmul,
@@ -181,5 +205,237 @@ impl Backend for Reference {
             target[i] = dst.dtype().round(v);
         }
         Ok(())
+    }
+
+    fn softmax(&self, x: View<'_>, axis: usize, log: bool, out: &Layout) -> Result<Storage> {
+        let xs = self.gather(x)?;
+        let y = ops::nn::reference::softmax(&xs, x.layout.shape(), axis, log);
+        Ok(self.produce(x.dtype(), out, |i| y[i]))
+    }
+
+    fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage> {
+        let (xs, idx) = (self.gather(x)?, self.gather(index)?);
+        let at = ops::nn::reference::positions(x.layout.shape(), index.layout.shape(), axis, &idx)?;
+        Ok(self.store(x.dtype(), at.into_iter().map(|p| xs[p]).collect()))
+    }
+
+    fn scatter_add(
+        &self,
+        dst: &Storage,
+        dst_shape: &[usize],
+        axis: usize,
+        index: View<'_>,
+        src: View<'_>,
+    ) -> Result<()> {
+        let (idx, vs) = (self.gather(index)?, self.gather(src)?);
+        let at = ops::nn::reference::positions(dst_shape, index.layout.shape(), axis, &idx)?;
+        self.update(dst, |d| {
+            for (p, v) in at.into_iter().zip(vs) {
+                d[p] += v;
+            }
+        })
+    }
+
+    fn conv2d(&self, x: View<'_>, w: View<'_>, p: &Conv2dParams, out: &Layout) -> Result<Storage> {
+        let (xs, ws) = (self.gather(x)?, self.gather(w)?);
+        let y = ops::conv::reference::conv2d(
+            &xs,
+            x.layout.shape(),
+            &ws,
+            w.layout.shape(),
+            p,
+            out.numel(),
+        );
+        Ok(self.produce(x.dtype(), out, |i| y[i]))
+    }
+
+    fn conv2d_input_grad(
+        &self,
+        g: View<'_>,
+        w: View<'_>,
+        p: &Conv2dParams,
+        out: &Layout,
+    ) -> Result<Storage> {
+        let (gs, ws) = (self.gather(g)?, self.gather(w)?);
+        let gx =
+            ops::conv::reference::conv2d_input_grad(&gs, &ws, w.layout.shape(), out.shape(), p);
+        Ok(self.produce(g.dtype(), out, |i| gx[i]))
+    }
+
+    fn conv2d_weight_grad(
+        &self,
+        x: View<'_>,
+        g: View<'_>,
+        p: &Conv2dParams,
+        weight_shape: &[usize],
+    ) -> Result<Storage> {
+        let (xs, gs) = (self.gather(x)?, self.gather(g)?);
+        let gw =
+            ops::conv::reference::conv2d_weight_grad(&xs, x.layout.shape(), &gs, weight_shape, p);
+        Ok(self.store(x.dtype(), gw))
+    }
+
+    fn max_pool2d(
+        &self,
+        x: View<'_>,
+        p: &Pool2dParams,
+        out: &Layout,
+    ) -> Result<(Storage, Storage)> {
+        let xs = self.gather(x)?;
+        let (y, at) = ops::conv::reference::max_pool2d(&xs, x.layout.shape(), p, out.numel());
+        Ok((
+            self.produce(x.dtype(), out, |i| y[i]),
+            self.store(DType::I64, at),
+        ))
+    }
+
+    fn avg_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        let xs = self.gather(x)?;
+        let y = ops::conv::reference::avg_pool2d(&xs, x.layout.shape(), p, out.numel());
+        Ok(self.produce(x.dtype(), out, |i| y[i]))
+    }
+
+    fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        let gs = self.gather(g)?;
+        let gx = ops::conv::reference::avg_pool2d_grad(&gs, out.shape(), p);
+        Ok(self.produce(g.dtype(), out, |i| gx[i]))
+    }
+
+    fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
+        let values = (0..len as u64)
+            .map(|i| ops::norm::reference::uniform(seed, offset + i))
+            .collect();
+        Ok(self.store(dtype, values))
+    }
+
+    fn normalize_input(
+        &self,
+        x: View<'_>,
+        mean: &[f64],
+        std: &[f64],
+        dtype: DType,
+        out: &Layout,
+    ) -> Result<Storage> {
+        let xs = self.gather(x)?;
+        let (h, w, c) = (
+            x.layout.shape()[1],
+            x.layout.shape()[2],
+            x.layout.shape()[3],
+        );
+        // Output logical index i is (n, ch, y, x) of [N, C, H, W]; the input is [N, H, W, C].
+        Ok(self.produce(dtype, out, |i| {
+            let (px, rest) = (i % w, i / w);
+            let (py, rest) = (rest % h, rest / h);
+            let (ch, n) = (rest % c, rest / c);
+            (xs[((n * h + py) * w + px) * c + ch] / 255.0 - mean[ch]) / std[ch]
+        }))
+    }
+
+    fn sgd(
+        &self,
+        params: &[&Storage],
+        grads: &[&Storage],
+        momentum: &[&Storage],
+        p: &SgdParams,
+        found_inf: Option<&Storage>,
+    ) -> Result<()> {
+        if let Some(flag) = found_inf {
+            if self.scalar(flag)? != 0.0 {
+                return Ok(());
+            }
+        }
+        for (i, param) in params.iter().enumerate() {
+            let g = self.values(grads[i])?.clone();
+            let mut bufs = match momentum.get(i) {
+                Some(b) if p.momentum != 0.0 => self.values(b)?.clone(),
+                _ => vec![0.0; g.len()],
+            };
+            self.update(param, |w| {
+                for (k, w) in w.iter_mut().enumerate() {
+                    (*w, bufs[k]) = ops::optim::reference::sgd(*w, g[k], bufs[k], p);
+                }
+            })?;
+            if let Some(b) = momentum.get(i).filter(|_| p.momentum != 0.0) {
+                self.update(b, |v| v.copy_from_slice(&bufs))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn adamw(
+        &self,
+        params: &[&Storage],
+        grads: &[&Storage],
+        exp_avg: &[&Storage],
+        exp_avg_sq: &[&Storage],
+        step: &Storage,
+        p: &AdamWParams,
+        found_inf: Option<&Storage>,
+    ) -> Result<()> {
+        if let Some(flag) = found_inf {
+            if self.scalar(flag)? != 0.0 {
+                return Ok(());
+            }
+        }
+        let t = self.update(step, |s| {
+            s[0] += 1.0;
+            s[0]
+        })?;
+        for (i, param) in params.iter().enumerate() {
+            let g = self.values(grads[i])?.clone();
+            let mut m = self.values(exp_avg[i])?.clone();
+            let mut v = self.values(exp_avg_sq[i])?.clone();
+            self.update(param, |w| {
+                for (k, w) in w.iter_mut().enumerate() {
+                    (*w, m[k], v[k]) = ops::optim::reference::adamw(*w, g[k], m[k], v[k], t, p);
+                }
+            })?;
+            self.update(exp_avg[i], |d| d.copy_from_slice(&m))?;
+            self.update(exp_avg_sq[i], |d| d.copy_from_slice(&v))?;
+        }
+        Ok(())
+    }
+
+    fn unscale_check(
+        &self,
+        grads: &[&Storage],
+        inv_scale: &Storage,
+        found_inf: &Storage,
+    ) -> Result<()> {
+        let inv = self.scalar(inv_scale)?;
+        let mut bad = false;
+        for g in grads {
+            bad |= self.update(g, |values| {
+                values.iter_mut().fold(false, |bad, v| {
+                    *v *= inv;
+                    bad || !v.is_finite()
+                })
+            })?;
+        }
+        if bad {
+            self.update(found_inf, |f| f[0] = 1.0)?;
+        }
+        Ok(())
+    }
+
+    fn scaler_update(
+        &self,
+        scale: &Storage,
+        growth_tracker: &Storage,
+        found_inf: &Storage,
+        p: &ScalerParams,
+    ) -> Result<()> {
+        let overflow = self.scalar(found_inf)? != 0.0;
+        let tracker = self.scalar(growth_tracker)?;
+        let (factor, tracker) = if overflow {
+            (p.backoff_factor, 0.0)
+        } else if tracker + 1.0 >= p.growth_interval as f64 {
+            (p.growth_factor, 0.0)
+        } else {
+            (1.0, tracker + 1.0)
+        };
+        self.update(scale, |s| s[0] *= factor)?;
+        self.update(growth_tracker, |t| t[0] = tracker)?;
+        self.update(found_inf, |f| f[0] = 0.0)
     }
 }

@@ -1,7 +1,10 @@
 //! A deliberately broken backend: the reference with one op's results nudged. The conformance
 //! suite must catch it — proof that the suite can fail.
 
-use redline_tensor::backend::{Backend, BinaryOp, HostBytes, Op, ReduceOp, Storage, UnaryOp, View};
+use redline_tensor::backend::{
+    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, Op, Pool2dParams, ReduceOp,
+    ScalerParams, SgdParams, Storage, UnaryOp, View,
+};
 use redline_tensor::reference::Reference;
 use redline_tensor::{DType, Layout, Result};
 
@@ -127,5 +130,109 @@ impl Backend for Broken {
     }
     fn copy_into(&self, dst: &Storage, at: &Layout, src: View<'_>) -> Result<()> {
         self.inner.copy_into(dst, at, src)
+    }
+    fn softmax(&self, x: View<'_>, axis: usize, log: bool, out: &Layout) -> Result<Storage> {
+        self.inner.softmax(x, axis, log, out)
+    }
+    fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage> {
+        self.inner.gather(x, axis, index)
+    }
+    fn scatter_add(
+        &self,
+        dst: &Storage,
+        shape: &[usize],
+        axis: usize,
+        index: View<'_>,
+        src: View<'_>,
+    ) -> Result<()> {
+        self.inner.scatter_add(dst, shape, axis, index, src)
+    }
+    fn conv2d(&self, x: View<'_>, w: View<'_>, p: &Conv2dParams, out: &Layout) -> Result<Storage> {
+        self.inner.conv2d(x, w, p, out)
+    }
+    fn conv2d_input_grad(
+        &self,
+        g: View<'_>,
+        w: View<'_>,
+        p: &Conv2dParams,
+        out: &Layout,
+    ) -> Result<Storage> {
+        self.inner.conv2d_input_grad(g, w, p, out)
+    }
+    fn conv2d_weight_grad(
+        &self,
+        x: View<'_>,
+        g: View<'_>,
+        p: &Conv2dParams,
+        shape: &[usize],
+    ) -> Result<Storage> {
+        self.inner.conv2d_weight_grad(x, g, p, shape)
+    }
+    fn max_pool2d(
+        &self,
+        x: View<'_>,
+        p: &Pool2dParams,
+        out: &Layout,
+    ) -> Result<(Storage, Storage)> {
+        self.inner.max_pool2d(x, p, out)
+    }
+    fn avg_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        self.inner.avg_pool2d(x, p, out)
+    }
+    fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        self.inner.avg_pool2d_grad(g, p, out)
+    }
+    fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
+        self.inner.random_uniform(dtype, len, seed, offset)
+    }
+    fn normalize_input(
+        &self,
+        x: View<'_>,
+        mean: &[f64],
+        std: &[f64],
+        dtype: DType,
+        out: &Layout,
+    ) -> Result<Storage> {
+        self.inner.normalize_input(x, mean, std, dtype, out)
+    }
+    fn sgd(
+        &self,
+        params: &[&Storage],
+        grads: &[&Storage],
+        momentum: &[&Storage],
+        p: &SgdParams,
+        found_inf: Option<&Storage>,
+    ) -> Result<()> {
+        self.inner.sgd(params, grads, momentum, p, found_inf)
+    }
+    fn adamw(
+        &self,
+        params: &[&Storage],
+        grads: &[&Storage],
+        exp_avg: &[&Storage],
+        exp_avg_sq: &[&Storage],
+        step: &Storage,
+        p: &AdamWParams,
+        found_inf: Option<&Storage>,
+    ) -> Result<()> {
+        self.inner
+            .adamw(params, grads, exp_avg, exp_avg_sq, step, p, found_inf)
+    }
+    fn unscale_check(
+        &self,
+        grads: &[&Storage],
+        inv_scale: &Storage,
+        found_inf: &Storage,
+    ) -> Result<()> {
+        self.inner.unscale_check(grads, inv_scale, found_inf)
+    }
+    fn scaler_update(
+        &self,
+        scale: &Storage,
+        tracker: &Storage,
+        found_inf: &Storage,
+        p: &ScalerParams,
+    ) -> Result<()> {
+        self.inner.scaler_update(scale, tracker, found_inf, p)
     }
 }

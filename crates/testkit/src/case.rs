@@ -1,7 +1,10 @@
 //! A test case: an op, a dtype, host-side inputs (shape, values, view) — buildable on any device
 //! so the backend under test and the reference see identical inputs.
 
-use redline_tensor::{DType, Device, Op, OtherOp, ReduceOp, Result, Tensor, UnaryOp};
+use redline_tensor::{
+    optim, AdamWParams, Conv2dParams, DType, Device, NnOp, Op, OptimOp, OtherOp, Pool2dParams,
+    ReduceOp, Result, ScalerParams, SgdParams, Tensor, TensorError, UnaryOp,
+};
 
 /// How an input tensor is laid out in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,11 +72,27 @@ pub struct Case {
     pub op: Op,
     pub dtype: DType,
     pub inputs: Vec<Input>,
-    /// Reduction axes (one for argmax), or the concat axis.
+    /// Reduction axes (one for argmax), or the concat, softmax or gather axis.
     pub axes: Vec<usize>,
+    /// Convolution geometry (conv cases).
+    pub conv: Option<Conv2dParams>,
+    /// Pooling geometry (pool cases).
+    pub pool: Option<Pool2dParams>,
 }
 
 impl Case {
+    /// A case without convolution or pooling geometry.
+    pub fn new(op: Op, dtype: DType, inputs: Vec<Input>, axes: Vec<usize>) -> Self {
+        Self {
+            op,
+            dtype,
+            inputs,
+            axes,
+            conv: None,
+            pool: None,
+        }
+    }
+
     /// Whether the op has a gradient for this dtype.
     pub fn differentiable(&self) -> bool {
         self.dtype.is_float()
@@ -82,13 +101,27 @@ impl Case {
                 Op::Binary(b) => !b.is_comparison(),
                 Op::Reduce(r) => r != ReduceOp::ArgMax,
                 Op::Other(o) => o != OtherOp::Fill,
+                // The gradient ops are checked as values (they are gradients already).
+                Op::Nn(n) => matches!(
+                    n,
+                    NnOp::Softmax
+                        | NnOp::LogSoftmax
+                        | NnOp::Gather
+                        | NnOp::ScatterAdd
+                        | NnOp::Conv2d
+                        | NnOp::MaxPool2d
+                        | NnOp::AvgPool2d
+                ),
+                Op::Optim(_) => false,
             }
     }
 
-    /// Which inputs receive gradients (not `where`'s condition).
+    /// Which inputs receive gradients (not conditions or indices).
     pub fn grad_inputs(&self) -> Vec<usize> {
         match self.op {
             Op::Other(OtherOp::Select) => vec![1, 2],
+            Op::Nn(NnOp::Gather) => vec![0],
+            Op::Nn(NnOp::ScatterAdd) => vec![0, 2],
             _ => (0..self.inputs.len()).collect(),
         }
     }
@@ -125,11 +158,127 @@ impl Case {
                 self.dtype,
                 x[0].device(),
             ),
+            Op::Nn(n) => self.apply_nn(n, x),
+            Op::Optim(o) => self.apply_optim(o, x),
         }
     }
-}
 
-/// Whether a binary op is a comparison (u8 output).
-pub fn is_comparison(op: Op) -> bool {
-    matches!(op, Op::Binary(b) if b.is_comparison())
+    fn conv_params(&self) -> Conv2dParams {
+        self.conv.unwrap_or_default()
+    }
+
+    fn pool_params(&self) -> Pool2dParams {
+        self.pool.unwrap_or(Pool2dParams {
+            kernel: [2, 2],
+            stride: [2, 2],
+            padding: [0, 0],
+        })
+    }
+
+    /// The gradient reaching `x[which]` from `sum(f(x) * weights)`, computed on fresh leaves.
+    fn grad_of(
+        &self,
+        x: &[Tensor],
+        which: usize,
+        f: impl Fn(&[Tensor]) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let leaves: Vec<Tensor> = x
+            .iter()
+            .map(|t| t.detach().with_requires_grad(true))
+            .collect();
+        let y = f(&leaves)?;
+        let w = crate::gradcheck::loss_weights(&y)?;
+        y.mul(&w)?.sum(&[], false)?.backward()?;
+        leaves[which]
+            .grad()
+            .ok_or_else(|| TensorError::Autograd(format!("input {which} got no gradient")))
+    }
+
+    fn apply_nn(&self, op: NnOp, x: &[Tensor]) -> Result<Tensor> {
+        let conv = |x: &[Tensor]| x[0].conv2d(&x[1], None, self.conv_params());
+        let avg = |x: &[Tensor]| x[0].avg_pool2d(self.pool_params());
+        match op {
+            NnOp::Softmax => x[0].softmax(self.axes[0]),
+            NnOp::LogSoftmax => x[0].log_softmax(self.axes[0]),
+            NnOp::Gather => x[0].gather(self.axes[0], &x[1]),
+            NnOp::ScatterAdd => x[0].scatter_add(self.axes[0], &x[1], &x[2]),
+            NnOp::Conv2d => conv(x),
+            NnOp::Conv2dInputGrad => self.grad_of(x, 0, conv),
+            NnOp::Conv2dWeightGrad => self.grad_of(x, 1, conv),
+            NnOp::MaxPool2d => x[0].max_pool2d(self.pool_params()),
+            NnOp::AvgPool2d => avg(x),
+            NnOp::AvgPool2dGrad => self.grad_of(x, 0, avg),
+            NnOp::RandomUniform => {
+                let seed = self.inputs[0].values.len() as u64 * 7919;
+                Tensor::random_uniform(x[0].shape(), self.dtype, seed, 13, x[0].device())
+            }
+            NnOp::NormalizeInput => Tensor::normalize_input(
+                &x[0],
+                &[0.485, 0.456, 0.406],
+                &[0.229, 0.224, 0.225],
+                self.dtype,
+            ),
+        }
+    }
+
+    /// Runs the in-place op on fresh copies of the inputs and returns everything it updated,
+    /// flattened and joined.
+    fn apply_optim(&self, op: OptimOp, x: &[Tensor]) -> Result<Tensor> {
+        let fresh: Vec<Tensor> = x
+            .iter()
+            .map(|t| t.contiguous_copy())
+            .collect::<Result<_>>()?;
+        let dev = x[0].device();
+        let scalar = |v: f64| Tensor::full(v, &[1], self.dtype, dev);
+        let found_inf = scalar(0.0)?;
+        let updated: Vec<Tensor> = match op {
+            OptimOp::Sgd => {
+                let p = SgdParams {
+                    lr: 0.1,
+                    momentum: 0.9,
+                    dampening: 0.0,
+                    weight_decay: 0.01,
+                    nesterov: true,
+                    first_step: false,
+                };
+                optim::sgd(
+                    &[&fresh[0]],
+                    &[&fresh[1]],
+                    &[&fresh[2]],
+                    &p,
+                    Some(&found_inf),
+                )?;
+                vec![fresh[0].clone(), fresh[2].clone()]
+            }
+            OptimOp::AdamW => {
+                let p = AdamWParams {
+                    lr: 0.01,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    weight_decay: 0.01,
+                };
+                let step = scalar(3.0)?;
+                let (params, grads) = ([&fresh[0]], [&fresh[1]]);
+                let (m, v) = ([&fresh[2]], [&fresh[3]]);
+                optim::adamw(&params, &grads, &m, &v, &step, &p, Some(&found_inf))?;
+                vec![fresh[0].clone(), fresh[2].clone(), fresh[3].clone(), step]
+            }
+            OptimOp::UnscaleCheck => {
+                optim::unscale_check(&[&fresh[0]], &scalar(0.5)?, &found_inf)?;
+                vec![fresh[0].clone(), found_inf]
+            }
+            OptimOp::ScalerUpdate => {
+                let (scale, tracker) = (scalar(65536.0)?, scalar(1.0)?);
+                let p = ScalerParams {
+                    growth_interval: 2,
+                    ..ScalerParams::default()
+                };
+                optim::scaler_update(&scale, &tracker, &found_inf, &p)?;
+                vec![scale, tracker, found_inf]
+            }
+        };
+        let flat: Vec<Tensor> = updated.iter().map(|t| t.flatten()).collect::<Result<_>>()?;
+        Tensor::concat(&flat.iter().collect::<Vec<_>>(), 0)
+    }
 }

@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
-use redline_tensor::{BinaryOp, DType, Device, Op, Tensor, TensorError};
+use redline_tensor::{
+    BinaryOp, Conv2dParams, DType, Device, Op, Pool2dParams, Tensor, TensorError,
+};
 
 use crate::case::{Case, ViewKind};
 use crate::gradcheck::loss_weights;
@@ -57,7 +59,7 @@ impl Report {
     /// The (op, dtype) matrix: ✓ passed, ✗ failed, · refused (undeclared), blank n/a.
     pub fn matrix(&self) -> String {
         let mut out = format!(
-            "conformance of {} against the reference\n{:<12}",
+            "conformance of {} against the reference\n{:<20}",
             self.device, "op"
         );
         for d in DType::ALL {
@@ -67,7 +69,7 @@ impl Report {
         for (op, _, cell) in &self.cells {
             if current != Some(*op) {
                 current = Some(*op);
-                let _ = write!(out, "\n{:<12}", op.name());
+                let _ = write!(out, "\n{:<20}", op.name());
             }
             let mark = match cell {
                 Cell::Passed => "✓",
@@ -316,6 +318,24 @@ fn check_invalid_inputs(device: &Device) -> Result<(), String> {
         ("reshape [2, 3] to [4]", a.reshape(&[4])),
         ("narrow 2..4 of an axis of 3", a.narrow(1, 2, 2)),
         ("channels-last of a 2-d tensor", a.to_channels_last()),
+        ("conv2d with mismatched channels", {
+            let x = make(&[1, 2, 4, 4], dtype)?;
+            x.conv2d(&make(&[3, 3, 1, 1], dtype)?, None, Conv2dParams::default())
+        }),
+        ("conv2d whose kernel does not fit", {
+            let x = make(&[1, 2, 2, 2], dtype)?;
+            x.conv2d(&make(&[3, 2, 3, 3], dtype)?, None, Conv2dParams::default())
+        }),
+        ("max_pool2d with padding over half the kernel", {
+            let p = Pool2dParams {
+                kernel: [2, 2],
+                stride: [1, 1],
+                padding: [2, 2],
+            };
+            make(&[1, 1, 4, 4], dtype)?.max_pool2d(p)
+        }),
+        ("softmax over a missing axis", a.softmax(2)),
+        ("gather with a float index", a.gather(0, &a)),
     ];
     for (what, result) in expectations {
         match result {

@@ -17,4 +17,4 @@ pub mod strategies;
 
 pub use case::{Case, Input, ViewKind};
 pub use conformance::{run_conformance, Report, SuiteConfig};
-pub use gradcheck::gradcheck;
+pub use gradcheck::{gradcheck, gradcheck_fn};

@@ -2,7 +2,9 @@
 //! its gradient are smooth.
 
 use proptest::prelude::*;
-use redline_tensor::{BinaryOp, DType, Op, OtherOp, ReduceOp, UnaryOp};
+use redline_tensor::{
+    BinaryOp, Conv2dParams, DType, NnOp, Op, OptimOp, OtherOp, Pool2dParams, ReduceOp, UnaryOp,
+};
 
 use crate::case::{Case, Input, ViewKind};
 
@@ -43,10 +45,12 @@ enum Domain {
     Mask,
     /// [-1.5, 1.5]: exponents.
     Exponent,
+    /// 0..=255: image bytes.
+    Byte,
 }
 
 fn values(n: usize, domain: Domain, dtype: DType, salt: u32) -> BoxedStrategy<Vec<f64>> {
-    if !dtype.is_float() && !matches!(domain, Domain::Mask) {
+    if !dtype.is_float() && !matches!(domain, Domain::Mask | Domain::Byte) {
         // Small integers that neither overflow u8 nor underflow it in a subtraction
         // (the left operand of an integer op gets 10..20, the right 0..9).
         let range = if salt == 0 { 10i64..=20 } else { 0i64..=9 };
@@ -63,6 +67,7 @@ fn values(n: usize, domain: Domain, dtype: DType, salt: u32) -> BoxedStrategy<Ve
                     .collect()
             })
             .boxed(),
+        Domain::Byte => prop::collection::vec((0u16..=255).prop_map(f64::from), n).boxed(),
         Domain::Mask => prop::collection::vec(0u8..=1, n)
             .prop_map(|v| v.into_iter().map(f64::from).collect())
             .boxed(),
@@ -147,12 +152,7 @@ fn binary_domains(op: BinaryOp) -> (Domain, Domain) {
 
 /// Cases for `op` on `dtype`.
 pub fn case(op: Op, dtype: DType) -> BoxedStrategy<Case> {
-    let make = move |inputs: Vec<Input>, axes: Vec<usize>| Case {
-        op,
-        dtype,
-        inputs,
-        axes,
-    };
+    let make = move |inputs: Vec<Input>, axes: Vec<usize>| Case::new(op, dtype, inputs, axes);
     match op {
         Op::Unary(u) => shape(0..=4)
             .prop_flat_map(move |s| input(s, dtype, unary_domain(u), 0))
@@ -229,9 +229,180 @@ pub fn case(op: Op, dtype: DType) -> BoxedStrategy<Case> {
             .prop_flat_map(move |s| input(s, dtype, Domain::Any, 0))
             .prop_map(move |x| make(vec![x], vec![]))
             .boxed(),
+        Op::Nn(n) => nn_case(n, dtype),
+        Op::Optim(o) => optim_case(o, dtype),
         Op::Other(OtherOp::Fill) => shape(1..=4)
             .prop_flat_map(move |s| input(s, dtype, Domain::Any, 0))
             .prop_map(move |x| make(vec![x], vec![]))
             .boxed(),
     }
+}
+
+/// An i64 index input of `shape` whose values address `0..limit`.
+fn index(shape: Vec<usize>, limit: usize) -> BoxedStrategy<Input> {
+    let n: usize = shape.iter().product();
+    prop::collection::vec(0..limit, n)
+        .prop_map(move |v| Input {
+            shape: shape.clone(),
+            values: v.into_iter().map(|k| k as f64).collect(),
+            dtype: DType::I64,
+            view: ViewKind::Plain,
+        })
+        .boxed()
+}
+
+/// A shape no larger than `s` off `axis` (and 1..=4 along it).
+fn index_shape(s: &[usize], axis: usize) -> BoxedStrategy<Vec<usize>> {
+    s.iter()
+        .enumerate()
+        .map(|(d, &n)| {
+            if d == axis {
+                (1..=4usize).boxed()
+            } else {
+                (1..=n).boxed()
+            }
+        })
+        .collect::<Vec<_>>()
+        .boxed()
+}
+
+fn conv_params() -> impl Strategy<Value = (Conv2dParams, [usize; 6])> {
+    // (groups, in per group, out per group, batch, kernel, size)
+    (
+        1usize..=2,
+        1usize..=2,
+        1usize..=2,
+        1usize..=2,
+        1usize..=3,
+        3usize..=6,
+        1usize..=2,
+        0usize..=1,
+        1usize..=2,
+    )
+        .prop_filter_map(
+            "the kernel must fit",
+            |(g, ci, co, n, k, size, stride, pad, dil)| {
+                let p = Conv2dParams {
+                    stride: [stride, 1 + (stride % 2)],
+                    padding: [pad, 1 - pad],
+                    dilation: [dil, 1],
+                    groups: g,
+                };
+                let fits = size + 2 * pad > dil * (k - 1) && size + 2 * (1 - pad) > k - 1;
+                fits.then_some((p, [g, ci, co, n, k, size]))
+            },
+        )
+}
+
+fn pool_params() -> impl Strategy<Value = (Pool2dParams, Vec<usize>)> {
+    (
+        1usize..=2,
+        1usize..=3,
+        2usize..=6,
+        2usize..=6,
+        1usize..=3,
+        1usize..=2,
+        0usize..=1,
+    )
+        .prop_filter_map("the window must fit", |(n, c, h, w, k, stride, pad)| {
+            let pad = if 2 * pad > k { 0 } else { pad };
+            let p = Pool2dParams {
+                kernel: [k, k.max(2) - 1],
+                stride: [stride, 1],
+                padding: [pad, 0],
+            };
+            let fits = h + 2 * pad >= k && w >= p.kernel[1];
+            fits.then_some((p, vec![n, c, h, w]))
+        })
+}
+
+fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
+    let make =
+        move |inputs: Vec<Input>, axes: Vec<usize>| Case::new(Op::Nn(op), dtype, inputs, axes);
+    match op {
+        NnOp::Softmax | NnOp::LogSoftmax => shape(1..=4)
+            .prop_flat_map(move |s| {
+                let rank = s.len();
+                (input(s, dtype, Domain::Any, 0), 0..rank)
+            })
+            .prop_map(move |(x, axis)| make(vec![x], vec![axis]))
+            .boxed(),
+        NnOp::Gather => shape(1..=3)
+            .prop_flat_map(move |s| (Just(s.clone()), 0..s.len()))
+            .prop_flat_map(move |(s, axis)| {
+                let limit = s[axis];
+                (
+                    input(s.clone(), dtype, Domain::Any, 0),
+                    index_shape(&s, axis).prop_flat_map(move |t| index(t, limit)),
+                    Just(axis),
+                )
+            })
+            .prop_map(move |(x, idx, axis)| make(vec![x, idx], vec![axis]))
+            .boxed(),
+        NnOp::ScatterAdd => shape(1..=3)
+            .prop_flat_map(move |s| (Just(s.clone()), 0..s.len()))
+            .prop_flat_map(move |(s, axis)| {
+                let limit = s[axis];
+                let rest = index_shape(&s, axis).prop_flat_map(move |t| {
+                    (index(t.clone(), limit), input(t, dtype, Domain::Any, 1))
+                });
+                (input(s, dtype, Domain::Any, 0), rest, Just(axis))
+            })
+            .prop_map(move |(x, (idx, src), axis)| make(vec![x, idx, src], vec![axis]))
+            .boxed(),
+        NnOp::Conv2d | NnOp::Conv2dInputGrad | NnOp::Conv2dWeightGrad => conv_params()
+            .prop_flat_map(move |(p, [g, ci, co, n, k, size])| {
+                let x = input(vec![n, g * ci, size, size + 1], dtype, Domain::Any, 0);
+                let w = input(vec![g * co, ci, k, k], dtype, Domain::Any, 1);
+                (x, w, Just(p))
+            })
+            .prop_map(move |(x, w, p)| Case {
+                conv: Some(p),
+                ..make(vec![x, w], vec![])
+            })
+            .boxed(),
+        NnOp::MaxPool2d | NnOp::AvgPool2d | NnOp::AvgPool2dGrad => {
+            let domain = if op == NnOp::MaxPool2d {
+                Domain::Distinct
+            } else {
+                Domain::Any
+            };
+            pool_params()
+                .prop_flat_map(move |(p, s)| (input(s, dtype, domain, 0), Just(p)))
+                .prop_map(move |(x, p)| Case {
+                    pool: Some(p),
+                    ..make(vec![x], vec![])
+                })
+                .boxed()
+        }
+        NnOp::RandomUniform => shape(1..=3)
+            .prop_flat_map(move |s| input(s, dtype, Domain::Any, 0))
+            .prop_map(move |x| make(vec![x], vec![]))
+            .boxed(),
+        NnOp::NormalizeInput => (1usize..=2, 1usize..=4, 1usize..=4)
+            .prop_flat_map(move |(n, h, w)| input(vec![n, h, w, 3], DType::U8, Domain::Byte, 0))
+            .prop_map(move |x| make(vec![x], vec![]))
+            .boxed(),
+    }
+}
+
+fn optim_case(op: OptimOp, dtype: DType) -> BoxedStrategy<Case> {
+    let make = move |inputs: Vec<Input>| Case::new(Op::Optim(op), dtype, inputs, vec![]);
+    let domains: &[Domain] = match op {
+        OptimOp::Sgd => &[Domain::Any, Domain::Any, Domain::Any],
+        OptimOp::AdamW => &[Domain::Any, Domain::Any, Domain::Any, Domain::Positive],
+        OptimOp::UnscaleCheck => &[Domain::Any],
+        OptimOp::ScalerUpdate => &[Domain::Any],
+    };
+    let domains = domains.to_vec();
+    shape(1..=2)
+        .prop_flat_map(move |s| {
+            domains
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| input(s.clone(), dtype, d, i as u32 % 2))
+                .collect::<Vec<_>>()
+        })
+        .prop_map(make)
+        .boxed()
 }

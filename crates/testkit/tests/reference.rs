@@ -12,12 +12,7 @@ use redline_testkit::{gradcheck, run_conformance, strategies, SuiteConfig};
 fn the_reference_backward_matches_finite_differences_for_every_op() {
     let mut checked = 0;
     for op in Op::all() {
-        let probe = redline_testkit::Case {
-            op,
-            dtype: DType::F64,
-            inputs: vec![],
-            axes: vec![],
-        };
+        let probe = redline_testkit::Case::new(op, DType::F64, vec![], vec![]);
         if !probe.differentiable() {
             continue;
         }

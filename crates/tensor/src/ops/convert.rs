@@ -39,6 +39,18 @@ impl Tensor {
         Layout::channels_last(self.shape()).is_ok_and(|l| self.layout().strides() == l.strides())
     }
 
+    /// A fresh row-major copy with its own storage (for in-place updates), off the tape.
+    pub fn contiguous_copy(&self) -> Result<Tensor> {
+        Ok(self
+            .convert(self.dtype(), Layout::contiguous(self.shape()))?
+            .detach())
+    }
+
+    /// A fresh copy in `dtype` and layout `out` (always a new storage).
+    pub(crate) fn convert_to(&self, dtype: DType, out: Layout) -> Result<Tensor> {
+        self.convert(dtype, out)
+    }
+
     fn convert(&self, dtype: DType, out: Layout) -> Result<Tensor> {
         self.device()
             .check(Op::Other(OtherOp::Convert), self.dtype())?;

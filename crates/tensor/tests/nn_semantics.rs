@@ -1,0 +1,234 @@
+//! The formulas users expect, checked against hand-computed PyTorch values.
+
+use redline_tensor::{
+    optim, AdamWParams, DType, Device, Pool2dParams, ScalerParams, SgdParams, Tensor, TensorError,
+};
+
+fn t(values: &[f64], shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::from_slice(values, shape, dev).unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+fn sgd_params(first_step: bool) -> SgdParams {
+    SgdParams {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        weight_decay: 0.01,
+        nesterov: true,
+        first_step,
+    }
+}
+
+#[test]
+fn sgd_follows_pytorch_nesterov_and_skips_on_found_inf() {
+    let dev = Device::reference();
+    let (p, g, buf) = (
+        t(&[1.0], &[1], &dev),
+        t(&[0.5], &[1], &dev),
+        t(&[0.2], &[1], &dev),
+    );
+    let clean = t(&[0.0], &[1], &dev);
+    optim::sgd(&[&p], &[&g], &[&buf], &sgd_params(false), Some(&clean)).unwrap();
+    // d = g + wd·p = 0.51; buf = 0.9·0.2 + 0.51 = 0.69; nesterov d = 0.51 + 0.9·0.69 = 1.131.
+    assert!(close(buf.item().unwrap(), 0.69));
+    assert!(close(p.item().unwrap(), 1.0 - 0.1 * 1.131));
+    // First step: the buffer starts as the gradient, undampened.
+    let (p, buf) = (t(&[1.0], &[1], &dev), t(&[0.0], &[1], &dev));
+    optim::sgd(&[&p], &[&g], &[&buf], &sgd_params(true), None).unwrap();
+    assert!(close(buf.item().unwrap(), 0.51));
+    // An overflow step changes nothing.
+    let overflow = t(&[1.0], &[1], &dev);
+    optim::sgd(&[&p], &[&g], &[&buf], &sgd_params(false), Some(&overflow)).unwrap();
+    assert!(close(buf.item().unwrap(), 0.51));
+}
+
+#[test]
+fn adamw_follows_pytorch_and_counts_only_applied_steps() {
+    let dev = Device::reference();
+    let (p, g) = (t(&[1.0], &[1], &dev), t(&[0.5], &[1], &dev));
+    let (m, v, step) = (
+        t(&[0.0], &[1], &dev),
+        t(&[0.0], &[1], &dev),
+        t(&[0.0], &[1], &dev),
+    );
+    let hp = AdamWParams {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    optim::adamw(&[&p], &[&g], &[&m], &[&v], &step, &hp, None).unwrap();
+    // p ← p(1 - lr·wd) - lr/(1-β1) · m / (√v/√(1-β2) + eps) with m = 0.05, v = 0.00025.
+    let want = 0.9999 - 0.01 / 0.1 * 0.05 / ((0.00025f64).sqrt() / (0.001f64).sqrt() + 1e-8);
+    assert!(close(p.item().unwrap(), want), "{}", p.item().unwrap());
+    assert_eq!(step.item().unwrap(), 1.0);
+    let overflow = t(&[1.0], &[1], &dev);
+    optim::adamw(&[&p], &[&g], &[&m], &[&v], &step, &hp, Some(&overflow)).unwrap();
+    assert_eq!(step.item().unwrap(), 1.0, "a skipped step is not counted");
+}
+
+#[test]
+fn unscale_flags_non_finite_gradients_and_the_scaler_backs_off_or_grows() {
+    let dev = Device::reference();
+    let grads = t(&[2.0, 4.0], &[2], &dev);
+    let (inv, found) = (t(&[0.5], &[1], &dev), t(&[0.0], &[1], &dev));
+    optim::unscale_check(&[&grads], &inv, &found).unwrap();
+    assert_eq!(grads.to_f64_vec().unwrap(), [1.0, 2.0]);
+    assert_eq!(found.item().unwrap(), 0.0);
+    let bad = t(&[1.0, f64::INFINITY], &[2], &dev);
+    optim::unscale_check(&[&grads, &bad], &inv, &found).unwrap();
+    assert_eq!(found.item().unwrap(), 1.0);
+
+    let (scale, tracker) = (t(&[65536.0], &[1], &dev), t(&[5.0], &[1], &dev));
+    let p = ScalerParams {
+        growth_interval: 3,
+        ..ScalerParams::default()
+    };
+    optim::scaler_update(&scale, &tracker, &found, &p).unwrap();
+    assert_eq!(
+        (scale.item().unwrap(), tracker.item().unwrap()),
+        (32768.0, 0.0)
+    );
+    assert_eq!(found.item().unwrap(), 0.0, "cleared for the next step");
+    for _ in 0..2 {
+        optim::scaler_update(&scale, &tracker, &found, &p).unwrap();
+    }
+    assert_eq!(
+        (scale.item().unwrap(), tracker.item().unwrap()),
+        (32768.0, 2.0)
+    );
+    optim::scaler_update(&scale, &tracker, &found, &p).unwrap();
+    assert_eq!(
+        (scale.item().unwrap(), tracker.item().unwrap()),
+        (65536.0, 0.0)
+    );
+}
+
+#[test]
+fn cross_entropy_values_match_pytorch() {
+    let dev = Device::reference();
+    let logits = t(&[2.0, 0.0, 0.0, 0.0], &[2, 2], &dev);
+    let targets = Tensor::from_slice(&[0i64, 1], &[2], &dev).unwrap();
+    let plain = logits
+        .cross_entropy(&targets, 0.0, None)
+        .unwrap()
+        .item()
+        .unwrap();
+    let a = (1.0 + (-2.0f64).exp()).ln();
+    assert!(close(plain, (a + 2f64.ln()) / 2.0));
+    let smooth = logits
+        .cross_entropy(&targets, 0.1, None)
+        .unwrap()
+        .item()
+        .unwrap();
+    let a_smooth = 0.9 * a + 0.1 * (a + (a + 2.0)) / 2.0;
+    assert!(close(smooth, (a_smooth + 2f64.ln()) / 2.0), "{smooth}");
+    let ignored = Tensor::from_slice(&[-100i64, -100], &[2], &dev).unwrap();
+    assert_eq!(
+        logits
+            .cross_entropy(&ignored, 0.1, Some(-100))
+            .unwrap()
+            .item()
+            .unwrap(),
+        0.0
+    );
+    let out_of_range = Tensor::from_slice(&[0i64, 7], &[2], &dev).unwrap();
+    let err = logits.cross_entropy(&out_of_range, 0.0, None).unwrap_err();
+    assert!(err.to_string().contains("index 7 is out of range"), "{err}");
+}
+
+#[test]
+fn the_input_op_normalises_u8_nhwc_into_channels_last_nchw() {
+    let dev = Device::reference();
+    // One 1×2 image, RGB: (255, 0, 51) and (0, 255, 102).
+    let batch = Tensor::from_slice(&[255u8, 0, 51, 0, 255, 102], &[1, 1, 2, 3], &dev).unwrap();
+    let x =
+        Tensor::normalize_input(&batch, &[0.5, 0.5, 0.0], &[0.5, 0.5, 0.2], DType::F32).unwrap();
+    assert_eq!(x.shape(), [1, 3, 1, 2]);
+    assert!(x.is_channels_last());
+    let v = x.to_vec::<f32>().unwrap();
+    assert_eq!(v, [1.0, -1.0, -1.0, 1.0, 1.0, 2.0]);
+    let err = Tensor::normalize_input(&batch, &[0.5; 2], &[0.5; 2], DType::F32).unwrap_err();
+    assert!(matches!(err, TensorError::Shape(_)));
+}
+
+#[test]
+fn dropout_is_keyed_by_seed_and_position() {
+    let dev = Device::reference();
+    let x = Tensor::ones(&[100, 100], DType::F32, &dev).unwrap();
+    let a = x
+        .dropout(0.25, 7, 0, true)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(
+        a,
+        x.dropout(0.25, 7, 0, true)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    );
+    assert_ne!(
+        a,
+        x.dropout(0.25, 7, 1, true)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    );
+    let kept = a.iter().filter(|&&v| v != 0.0).count() as f64 / a.len() as f64;
+    assert!((kept - 0.75).abs() < 0.02, "kept {kept}");
+    assert!(a.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+    assert_eq!(
+        x.dropout(0.25, 7, 0, false)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()[0],
+        1.0
+    );
+    // Element i of a longer draw equals element i - 3 of a draw offset by 3.
+    let long = Tensor::random_uniform(&[10], DType::F64, 9, 0, &dev)
+        .unwrap()
+        .to_f64_vec()
+        .unwrap();
+    let shifted = Tensor::random_uniform(&[7], DType::F64, 9, 3, &dev)
+        .unwrap()
+        .to_f64_vec()
+        .unwrap();
+    assert_eq!(&long[3..], &shifted[..]);
+}
+
+#[test]
+fn pooling_and_convolution_geometry_errors_are_clear() {
+    let dev = Device::reference();
+    let x = Tensor::zeros(&[1, 2, 4, 4], DType::F32, &dev).unwrap();
+    let w = Tensor::zeros(&[3, 3, 3, 3], DType::F32, &dev).unwrap();
+    let err = x
+        .conv2d(&w, None, Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("channels do not match"), "{err}");
+    let big = Tensor::zeros(&[1, 2, 5, 5], DType::F32, &dev).unwrap();
+    let err = x
+        .conv2d(&big, None, Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not fit"), "{err}");
+    let p = Pool2dParams {
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [2, 0],
+    };
+    assert!(x.max_pool2d(p).is_err());
+    let p = Pool2dParams {
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [0, 0],
+    };
+    let y = x.max_pool2d(p).unwrap();
+    assert_eq!(y.shape(), [1, 2, 2, 2]);
+}
