@@ -24,26 +24,83 @@ pub struct TestArgs {
 /// A hardware suite: its own test binary, run when its hardware is present.
 struct HardwareSuite {
     name: &'static str,
-    /// Why it cannot run yet, while the backend that owns it is still to come.
-    missing: &'static str,
+    kind: SuiteKind,
 }
 
-/// The hardware suites. The backends that own them land in later issues; until then each is
-/// reported as skipped with the reason, and requiring one fails loudly.
+enum SuiteKind {
+    /// Built: `probe` (an example of `package`) exits 0 when the hardware is there; then the
+    /// suite (the ignored tests of `test` in `package`) runs.
+    Built {
+        package: &'static str,
+        probe: &'static str,
+        test: &'static str,
+        install: &'static str,
+    },
+    /// Not written yet: the backend that owns it is still to come.
+    Missing(&'static str),
+}
+
 const HARDWARE_SUITES: &[HardwareSuite] = &[
     HardwareSuite {
         name: "wgpu",
-        missing: "the wgpu backend and its suite arrive with issue 4",
+        kind: SuiteKind::Built {
+            package: "redline-wgpu",
+            probe: "probe",
+            test: "conformance",
+            install: "apt-get install -y mesa-vulkan-drivers libvulkan1",
+        },
     },
     HardwareSuite {
         name: "nvrtc",
-        missing: "the CUDA backend's NVRTC compile suite arrives with the CUDA issue",
+        kind: SuiteKind::Missing(
+            "the CUDA backend's NVRTC compile suite arrives with the CUDA issue",
+        ),
     },
     HardwareSuite {
         name: "cuda",
-        missing: "the CUDA backend's device suite arrives with the CUDA issue",
+        kind: SuiteKind::Missing("the CUDA backend's device suite arrives with the CUDA issue"),
     },
 ];
+
+/// Runs one hardware suite. `required` turns "no hardware" into a failure.
+fn hardware_suite(suite: &HardwareSuite, required: bool) -> Outcome {
+    match suite.kind {
+        SuiteKind::Missing(why) if required => Outcome::Failed(format!("required, but {why}")),
+        SuiteKind::Missing(why) => Outcome::Skipped(why.into()),
+        SuiteKind::Built {
+            package,
+            probe,
+            test,
+            install,
+        } => {
+            let mut probe_cmd = run::cargo();
+            probe_cmd.args(["run", "--quiet", "--package", package, "--example", probe]);
+            match run::status(&mut probe_cmd) {
+                Ok(s) if s.success() => {}
+                Ok(_) if required => {
+                    return Outcome::Failed(format!(
+                        "required, but no {} hardware ({install})",
+                        suite.name
+                    ))
+                }
+                Ok(_) => {
+                    return Outcome::Skipped(format!("no {} hardware ({install})", suite.name))
+                }
+                Err(e) => return Outcome::Failed(format!("{e:#}")),
+            }
+            cargo_phase(run::cargo().args([
+                "test",
+                "--package",
+                package,
+                "--test",
+                test,
+                "--",
+                "--ignored",
+                "--nocapture",
+            ]))
+        }
+    }
+}
 
 enum Outcome {
     Passed(String),
@@ -111,20 +168,13 @@ pub fn run(args: TestArgs) -> Result<()> {
         Err(e) => Outcome::Failed(format!("{e:#}")),
     });
     for suite in HARDWARE_SUITES {
-        // No suite exists yet, so none can run: a suite named in --require fails, and otherwise
-        // it is reported as skipped with the reason. Once a suite exists, `CI=true` (like
-        // --require) will turn a missing-hardware skip into a failure.
-        let required = args.require.iter().any(|r| r == suite.name);
+        // Explicitly required suites, and under CI=true every built one, fail when their
+        // hardware is missing; otherwise a missing suite or missing hardware is a skip.
+        let named = args.require.iter().any(|r| r == suite.name);
+        let required = named || (ci && matches!(suite.kind, SuiteKind::Built { .. }));
         phase(&format!("hardware: {}", suite.name), &mut || {
-            if required {
-                Outcome::Failed(format!("required, but {}", suite.missing))
-            } else {
-                Outcome::Skipped(suite.missing.into())
-            }
+            hardware_suite(suite, required)
         });
-    }
-    if ci {
-        eprintln!("CI=true: every hardware suite that exists is required (none exists yet)");
     }
 
     eprintln!("\n=== summary ===");

@@ -6,10 +6,13 @@ use crate::case::{Case, Input};
 
 /// Fixed weights for the scalar loss `sum(y * w)`, so every output element matters differently.
 pub fn loss_weights(y: &Tensor) -> Result<Tensor> {
-    let w: Vec<f64> = (0..y.numel())
-        .map(|i| 0.5 + 0.125 * (i % 7) as f64)
-        .collect();
-    Tensor::from_slice(&w, y.shape(), y.device())?.cast(y.dtype())
+    // Encoded on the host in y's dtype: the device may not hold f64 at all.
+    let dtype = y.dtype();
+    let mut bytes = vec![0u8; y.numel() * dtype.size()];
+    for i in 0..y.numel() {
+        dtype.write(&mut bytes, i, 0.5 + 0.125 * (i % 7) as f64);
+    }
+    Tensor::from_bytes(bytes, dtype, y.shape(), y.device())
 }
 
 /// `sum(op(inputs) * w)` as a tensor.

@@ -1,0 +1,360 @@
+//! The device context: one queue, a pending command encoder that batches many ops per submit, a
+//! ring of op parameters, and pools of storage and read-back buffers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redline_tensor::{Result, TensorError};
+
+/// Ops encoded before a submit is forced (downloads and uploads also flush).
+const OPS_PER_SUBMIT: usize = 64;
+/// Every op's parameters start on this boundary of the ring (storage-buffer offset alignment).
+const PARAM_ALIGN: usize = 256;
+
+/// A buffer on loan from a [`BufferPool`]; it goes back when dropped. Reuse is safe because all
+/// work runs on one queue in order: a later op that writes a recycled buffer is submitted after
+/// every earlier op that read it.
+pub(crate) struct PooledBuffer {
+    buffer: Option<wgpu::Buffer>,
+    class: u64,
+    pool: Arc<BufferPool>,
+}
+
+impl PooledBuffer {
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            self.pool.lock().entry(self.class).or_default().push(buffer);
+        }
+    }
+}
+
+/// Free buffers by size class (powers of two), so the steady state creates no buffers.
+#[derive(Default)]
+pub(crate) struct BufferPool {
+    free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+}
+
+impl BufferPool {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Vec<wgpu::Buffer>>> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(
+        self: &Arc<Self>,
+        device: &wgpu::Device,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> PooledBuffer {
+        let class = bytes.max(256).next_power_of_two();
+        let buffer = self
+            .lock()
+            .get_mut(&class)
+            .and_then(Vec::pop)
+            .unwrap_or_else(|| {
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("redline pooled buffer"),
+                    size: class,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            });
+        PooledBuffer {
+            buffer: Some(buffer),
+            class,
+            pool: self.clone(),
+        }
+    }
+}
+
+/// Work encoded but not yet submitted, and the op parameters it refers to.
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    ops: usize,
+    params: Vec<u8>,
+}
+
+pub(crate) struct Context {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: wgpu::AdapterInfo,
+    pub(crate) f16: bool,
+    storage: Arc<BufferPool>,
+    readback: Arc<BufferPool>,
+    pending: Mutex<Pending>,
+    /// The parameter ring of the batch being encoded (grown when a batch needs more).
+    ring: Mutex<wgpu::Buffer>,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+impl Context {
+    pub(crate) fn new(adapter: &wgpu::Adapter) -> Result<Self> {
+        let info = adapter.get_info();
+        let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        let required_features = if f16 {
+            wgpu::Features::SHADER_F16
+        } else {
+            wgpu::Features::empty()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("redline"),
+            required_features,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        }))
+        .map_err(|e| TensorError::Backend {
+            device: format!("wgpu:{}", info.name),
+            what: format!("no device: {e}"),
+        })?;
+        // Validation errors become `TensorError::Backend` at the next flush instead of a panic.
+        let error = Arc::new(Mutex::new(None));
+        let slot = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| e.to_string());
+        }));
+        let ring = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("redline params"),
+            size: 1 << 16,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Self {
+            device,
+            queue,
+            info,
+            f16,
+            storage: Arc::default(),
+            readback: Arc::default(),
+            pending: Mutex::new(Pending {
+                encoder: None,
+                ops: 0,
+                params: Vec::new(),
+            }),
+            ring: Mutex::new(ring),
+            pipelines: Mutex::default(),
+            error,
+        })
+    }
+
+    pub(crate) fn name(&self) -> String {
+        format!("wgpu:{}", self.info.name)
+    }
+
+    pub(crate) fn fail(&self, what: impl Into<String>) -> TensorError {
+        TensorError::Backend {
+            device: self.name(),
+            what: what.into(),
+        }
+    }
+
+    /// A storage buffer of at least `bytes` (rounded up to 4), from the pool.
+    pub(crate) fn alloc(&self, bytes: u64) -> PooledBuffer {
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        self.storage
+            .take(&self.device, bytes.div_ceil(4) * 4, usage)
+    }
+
+    /// The compute pipeline for WGSL `source`, compiled once per distinct source.
+    pub(crate) fn pipeline(
+        &self,
+        key: &str,
+        source: impl FnOnce() -> String,
+    ) -> Arc<wgpu::ComputePipeline> {
+        let mut cache = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .entry(key.to_string())
+            .or_insert_with(|| {
+                let module = self
+                    .device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(key),
+                        source: wgpu::ShaderSource::Wgsl(source().into()),
+                    });
+                Arc::new(
+                    self.device
+                        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some(key),
+                            layout: None,
+                            module: &module,
+                            entry_point: Some("main"),
+                            compilation_options: Default::default(),
+                            cache: None,
+                        }),
+                )
+            })
+            .clone()
+    }
+
+    /// Encodes one dispatch of `pipeline` with `params` (binding 0) and `buffers` (bindings 1..),
+    /// clearing `clear` first (outputs written with atomics start from zero).
+    pub(crate) fn dispatch(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        params: &[u32],
+        buffers: &[&wgpu::Buffer],
+        clear: Option<&wgpu::Buffer>,
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let offset = pending.params.len().div_ceil(PARAM_ALIGN) * PARAM_ALIGN;
+        pending.params.resize(offset, 0);
+        pending
+            .params
+            .extend(params.iter().flat_map(|p| p.to_le_bytes()));
+        let size = (params.len().max(1) * 4) as u64;
+        self.ensure_ring(pending.params.len() as u64);
+        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &ring,
+                offset: offset as u64,
+                size: wgpu::BufferSize::new(size),
+            }),
+        }];
+        for (i, b) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let device = &self.device;
+        let encoder = pending
+            .encoder
+            .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+        if let Some(buffer) = clear {
+            encoder.clear_buffer(buffer, 0, None);
+        }
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        pending.ops += 1;
+        let full = pending.ops >= OPS_PER_SUBMIT;
+        drop(ring);
+        if full {
+            self.submit(&mut pending)?;
+        }
+        Ok(())
+    }
+
+    /// Grows the parameter ring when a batch needs more than it holds. The old ring may still
+    /// be referenced by encoded work, which keeps it alive until that work is done.
+    fn ensure_ring(&self, bytes: u64) {
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        if ring.size() < bytes {
+            *ring = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("redline params"),
+                size: bytes.next_power_of_two(),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+        }
+    }
+
+    fn submit(&self, pending: &mut Pending) -> Result<()> {
+        if let Some(encoder) = pending.encoder.take() {
+            // The parameters land before this submit's commands run (queue order).
+            let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+            self.queue.write_buffer(&ring, 0, &pending.params);
+            drop(ring);
+            self.queue.submit([encoder.finish()]);
+        }
+        pending.ops = 0;
+        pending.params.clear();
+        self.check_error()
+    }
+
+    /// Submits everything encoded so far.
+    pub(crate) fn flush(&self) -> Result<()> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        self.submit(&mut pending)
+    }
+
+    fn check_error(&self) -> Result<()> {
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(self.fail(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for all submitted work.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.flush()?;
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.fail(format!("poll: {e}")))?;
+        self.check_error()
+    }
+
+    /// Copies `bytes` into a new storage buffer. Pending work is submitted first, because
+    /// `write_buffer` lands before the next submit's commands: a recycled buffer must not be
+    /// overwritten under ops that still read it. `write_buffer` copies the host bytes at once, so
+    /// the caller's (pooled) host buffer is free when this returns.
+    pub(crate) fn upload(&self, bytes: &[u8]) -> Result<PooledBuffer> {
+        self.flush()?;
+        let buffer = self.alloc(bytes.len() as u64);
+        let padded = bytes.len().div_ceil(4) * 4;
+        if padded == bytes.len() {
+            self.queue.write_buffer(buffer.buffer(), 0, bytes);
+        } else {
+            let mut copy = bytes.to_vec();
+            copy.resize(padded, 0);
+            self.queue.write_buffer(buffer.buffer(), 0, &copy);
+        }
+        Ok(buffer)
+    }
+
+    /// Reads `bytes` bytes from the start of `buffer`, waiting for the GPU.
+    pub(crate) fn read(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let size = bytes.div_ceil(4).max(1) * 4;
+        let staging = self.readback.take(
+            &self.device,
+            size,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let device = &self.device;
+            let encoder = pending
+                .encoder
+                .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+            encoder.copy_buffer_to_buffer(buffer, 0, staging.buffer(), 0, size);
+            self.submit(&mut pending)?;
+        }
+        let slice = staging.buffer().slice(..size);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.fail(format!("poll: {e}")))?;
+        rx.recv()
+            .map_err(|_| self.fail("the read-back never completed"))?
+            .map_err(|e| self.fail(format!("map: {e}")))?;
+        let data = slice
+            .get_mapped_range()
+            .map_err(|e| self.fail(format!("map: {e}")))?[..bytes as usize]
+            .to_vec();
+        staging.buffer().unmap();
+        self.check_error()?;
+        Ok(data)
+    }
+}

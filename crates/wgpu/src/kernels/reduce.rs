@@ -1,0 +1,97 @@
+//! Reductions: one workgroup per output element, a strided pass per thread, then a tree in
+//! workgroup memory.
+
+use redline_tensor::{DType, Layout, ReduceOp, Result};
+
+use crate::context::{Context, PooledBuffer};
+use crate::kernels::elementwise::Operand;
+use crate::shader::{self, LAYOUT_WORDS};
+
+const THREADS: u32 = 64;
+
+pub(crate) fn run(
+    ctx: &Context,
+    op: ReduceOp,
+    x: &Operand<'_>,
+    axes: &[usize],
+) -> Result<PooledBuffer> {
+    let shape = x.layout.shape();
+    // Split the view into the kept axes (outer, with the offset) and the reduced ones (inner).
+    let keep = |reduced: bool| -> Layout {
+        let sizes: Vec<usize> = (0..shape.len())
+            .map(|d| {
+                if axes.contains(&d) == reduced {
+                    shape[d]
+                } else {
+                    1
+                }
+            })
+            .collect();
+        let offset = if reduced { 0 } else { x.layout.offset() };
+        Layout::new(sizes, x.layout.strides().to_vec(), offset)
+    };
+    let (outer, inner) = (keep(false), keep(true));
+    let out_dtype = if op == ReduceOp::ArgMax {
+        DType::I64
+    } else {
+        x.dtype
+    };
+    let (init, combine) = match op {
+        ReduceOp::Sum => ("0.0", "acc = acc + v;"),
+        ReduceOp::Max => ("-3.4e38", "acc = max(acc, v);"),
+        ReduceOp::ArgMax => ("-3.4e38", "if (v > acc) { acc = v; arg = j; }"),
+    };
+    let merge = match op {
+        ReduceOp::Sum => "sh[t] = sh[t] + sh[t + s];",
+        ReduceOp::Max => "sh[t] = max(sh[t], sh[t + s]);",
+        ReduceOp::ArgMax => {
+            "if (sh[t + s] > sh[t] || (sh[t + s] == sh[t] && sa[t + s] < sa[t])) { sh[t] = sh[t + s]; sa[t] = sa[t + s]; }"
+        }
+    };
+    let key = format!("reduce|{op:?}|{:?}", x.dtype);
+    let inner_base = 2 + LAYOUT_WORDS;
+    let pipeline = ctx.pipeline(&key, || {
+        let mut src = shader::prelude(&[x.dtype, out_dtype]);
+        src.push_str(&shader::input("a", 1, x.dtype));
+        src.push_str(&shader::output("y", 2, out_dtype));
+        src.push_str(&format!(
+            r#"
+var<workgroup> sh: array<f32, {THREADS}>;
+var<workgroup> sa: array<u32, {THREADS}>;
+
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>, @builtin(local_invocation_index) t: u32) {{
+    let o = wid.x + wid.y * nw.x;
+    if (o >= params[0]) {{ return; }}
+    let base = map_index(2u, o);
+    var acc: f32 = {init};
+    var arg: u32 = 0u;
+    for (var j = t; j < params[1]; j = j + {THREADS}u) {{
+        let v = load_a(base + map_index({inner_base}u, j));
+        {combine}
+    }}
+    sh[t] = acc;
+    sa[t] = arg;
+    workgroupBarrier();
+    for (var s = {half}u; s > 0u; s = s >> 1u) {{
+        if (t < s) {{ {merge} }}
+        workgroupBarrier();
+    }}
+    if (t == 0u) {{ store_y(o, {out}); }}
+}}
+"#,
+            half = THREADS / 2,
+            out = if op == ReduceOp::ArgMax { "f32(sa[0])" } else { "sh[0]" },
+        ));
+        src
+    });
+    let outputs = outer.numel();
+    let mut params = vec![outputs as u32, inner.numel() as u32];
+    shader::push_layout(&mut params, &outer)?;
+    shader::push_layout(&mut params, &inner)?;
+    let y = ctx.alloc(shader::storage_bytes(out_dtype, outputs));
+    let clear = shader::atomic_output(out_dtype).then_some(y.buffer());
+    let groups = shader::grid(outputs, 1);
+    ctx.dispatch(&pipeline, &params, &[x.buffer, y.buffer()], clear, groups)?;
+    Ok(y)
+}

@@ -1,0 +1,140 @@
+//! WGSL generation: one template per kernel, specialised by dtype (how a binding loads and
+//! stores elements) and tile sizes — never a copy per variant.
+//!
+//! Device storage is the host's little-endian layout: f32, f16 and i32 natively; u8 packed four
+//! to a u32 word (outputs are written with `atomicOr` into a zero-cleared buffer); i64 as two u32
+//! words (lo, hi; values are indices below 2^31). Every kernel computes in f32.
+
+use redline_tensor::{DType, Layout, Result, TensorError};
+
+/// Words one layout occupies in the parameters: rank, offset, 6 sizes, 6 strides.
+pub(crate) const LAYOUT_WORDS: usize = 14;
+/// The highest rank a kernel indexes directly.
+pub(crate) const MAX_RANK: usize = 6;
+
+/// Appends `layout` to `params` (see [`LAYOUT_WORDS`]).
+pub(crate) fn push_layout(params: &mut Vec<u32>, layout: &Layout) -> Result<()> {
+    if layout.rank() > MAX_RANK {
+        return Err(TensorError::Shape(format!(
+            "the wgpu backend indexes at most {MAX_RANK} axes, got shape {:?}",
+            layout.shape()
+        )));
+    }
+    let word = |v: usize| {
+        u32::try_from(v).map_err(|_| {
+            TensorError::Shape(format!(
+                "shape {:?} is too large for 32-bit indexing",
+                layout.shape()
+            ))
+        })
+    };
+    params.push(layout.rank() as u32);
+    params.push(word(layout.offset())?);
+    for d in 0..MAX_RANK {
+        params.push(layout.shape().get(d).map_or(Ok(1), |&n| word(n))?);
+    }
+    for d in 0..MAX_RANK {
+        params.push(layout.strides().get(d).map_or(Ok(0), |&n| word(n))?);
+    }
+    Ok(())
+}
+
+/// Bytes a storage of `len` elements of `dtype` takes on the device.
+pub(crate) fn storage_bytes(dtype: DType, len: usize) -> u64 {
+    match dtype {
+        DType::U8 => len.div_ceil(4) as u64 * 4,
+        d => (len * d.size()) as u64,
+    }
+}
+
+/// Whether the backend can store `dtype` at all (`f16` only with SHADER_F16).
+pub(crate) fn storable(dtype: DType, f16: bool) -> bool {
+    match dtype {
+        DType::F32 | DType::I32 | DType::U8 | DType::I64 => true,
+        DType::F16 => f16,
+        DType::F64 | DType::BF16 => false,
+    }
+}
+
+/// Whether outputs of `dtype` are written with atomics (and need a cleared buffer).
+pub(crate) fn atomic_output(dtype: DType) -> bool {
+    dtype == DType::U8
+}
+
+/// The shared preamble: `enable f16` when needed, the parameters, and strided indexing.
+pub(crate) fn prelude(dtypes: &[DType]) -> String {
+    let mut s = String::new();
+    if dtypes.contains(&DType::F16) {
+        s.push_str("enable f16;\n");
+    }
+    s.push_str(
+        r#"
+@group(0) @binding(0) var<storage, read> params: array<u32>;
+
+// Storage index of logical element `i` of the layout stored at params[base..].
+fn map_index(base: u32, i: u32) -> u32 {
+    let rank = params[base];
+    var at = params[base + 1u];
+    var rest = i;
+    for (var d = i32(rank) - 1; d >= 0; d = d - 1) {
+        let n = params[base + 2u + u32(d)];
+        at = at + (rest % n) * params[base + 8u + u32(d)];
+        rest = rest / n;
+    }
+    return at;
+}
+
+fn param_f32(at: u32) -> f32 {
+    return bitcast<f32>(params[at]);
+}
+"#,
+    );
+    s
+}
+
+/// A read-only binding `name` at `binding` with `fn load_<name>(at: u32) -> f32`.
+pub(crate) fn input(name: &str, binding: u32, dtype: DType) -> String {
+    let (ty, load) = match dtype {
+        DType::F32 => ("f32", format!("return {name}[at];")),
+        DType::F16 => ("f16", format!("return f32({name}[at]);")),
+        DType::I32 => ("i32", format!("return f32({name}[at]);")),
+        DType::U8 => (
+            "u32",
+            format!("return f32(({name}[at / 4u] >> ((at % 4u) * 8u)) & 0xffu);"),
+        ),
+        DType::I64 | DType::F64 | DType::BF16 => {
+            ("u32", format!("return f32(bitcast<i32>({name}[2u * at]));"))
+        }
+    };
+    format!(
+        "@group(0) @binding({binding}) var<storage, read> {name}: array<{ty}>;\nfn load_{name}(at: u32) -> f32 {{ {load} }}\n"
+    )
+}
+
+/// A writable binding `name` at `binding` with `fn store_<name>(at: u32, v: f32)`.
+pub(crate) fn output(name: &str, binding: u32, dtype: DType) -> String {
+    let (ty, store) = match dtype {
+        DType::F32 => ("f32".to_string(), format!("{name}[at] = v;")),
+        DType::F16 => ("f16".to_string(), format!("{name}[at] = f16(v);")),
+        DType::I32 => ("i32".to_string(), format!("{name}[at] = i32(v);")),
+        DType::U8 => (
+            "atomic<u32>".to_string(),
+            format!("atomicOr(&{name}[at / 4u], (u32(clamp(v, 0.0, 255.0)) & 0xffu) << ((at % 4u) * 8u));"),
+        ),
+        DType::I64 | DType::F64 | DType::BF16 => (
+            "u32".to_string(),
+            format!("let w = i32(v); {name}[2u * at] = bitcast<u32>(w); {name}[2u * at + 1u] = select(0u, 0xffffffffu, w < 0);"),
+        ),
+    };
+    format!(
+        "@group(0) @binding({binding}) var<storage, read_write> {name}: array<{ty}>;\nfn store_{name}(at: u32, v: f32) {{ {store} }}\n"
+    )
+}
+
+/// Workgroups for `n` invocations of a 1-d kernel with `size` threads per group, spread over
+/// x and y so no dimension exceeds 65535.
+pub(crate) fn grid(n: usize, size: usize) -> [u32; 3] {
+    let groups = n.div_ceil(size).max(1);
+    let x = groups.min(65_535);
+    [x as u32, groups.div_ceil(x) as u32, 1]
+}
