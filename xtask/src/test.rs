@@ -28,11 +28,10 @@ struct HardwareSuite {
 }
 
 enum SuiteKind {
-    /// Built: `probe` (an example of `package`) exits 0 when the hardware is there; then the
-    /// suite (the ignored tests of `test` in `package`) runs.
+    /// Built: the ignored tests of test target `test`, run with the workspace's feature set (so
+    /// nothing is rebuilt). They print [`SKIP_MARKER`] and return when the hardware is absent
+    /// and `REDLINE_HARDWARE_REQUIRED` is not 1; with it set they fail instead.
     Built {
-        package: &'static str,
-        probe: &'static str,
         test: &'static str,
         install: &'static str,
     },
@@ -40,13 +39,14 @@ enum SuiteKind {
     Missing(&'static str),
 }
 
+/// What a hardware test prints when it finds no hardware (and was not required to).
+const SKIP_MARKER: &str = "redline-hardware-skip:";
+
 const HARDWARE_SUITES: &[HardwareSuite] = &[
     HardwareSuite {
         name: "wgpu",
         kind: SuiteKind::Built {
-            package: "redline-wgpu",
-            probe: "probe",
-            test: "conformance",
+            test: "wgpu_conformance",
             install: "apt-get install -y mesa-vulkan-drivers libvulkan1",
         },
     },
@@ -67,37 +67,39 @@ fn hardware_suite(suite: &HardwareSuite, required: bool) -> Outcome {
     match suite.kind {
         SuiteKind::Missing(why) if required => Outcome::Failed(format!("required, but {why}")),
         SuiteKind::Missing(why) => Outcome::Skipped(why.into()),
-        SuiteKind::Built {
-            package,
-            probe,
-            test,
-            install,
-        } => {
-            let mut probe_cmd = run::cargo();
-            probe_cmd.args(["run", "--quiet", "--package", package, "--example", probe]);
-            match run::status(&mut probe_cmd) {
-                Ok(s) if s.success() => {}
-                Ok(_) if required => {
-                    return Outcome::Failed(format!(
-                        "required, but no {} hardware ({install})",
-                        suite.name
-                    ))
-                }
-                Ok(_) => {
-                    return Outcome::Skipped(format!("no {} hardware ({install})", suite.name))
-                }
-                Err(e) => return Outcome::Failed(format!("{e:#}")),
-            }
-            cargo_phase(run::cargo().args([
+        SuiteKind::Built { test, install } => {
+            let mut cmd = run::cargo();
+            cmd.args([
                 "test",
-                "--package",
-                package,
+                "--workspace",
                 "--test",
                 test,
                 "--",
                 "--ignored",
                 "--nocapture",
-            ]))
+            ])
+            .env(
+                "REDLINE_HARDWARE_REQUIRED",
+                if required { "1" } else { "0" },
+            );
+            eprintln!("$ {}", run::describe(&cmd));
+            let output = match cmd.output() {
+                Ok(o) => o,
+                Err(e) => return Outcome::Failed(format!("could not start cargo: {e}")),
+            };
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            eprint!("{text}");
+            if !output.status.success() {
+                Outcome::Failed(output.status.to_string())
+            } else if text.contains(SKIP_MARKER) {
+                Outcome::Skipped(format!("no {} hardware ({install})", suite.name))
+            } else {
+                Outcome::Passed(String::new())
+            }
         }
     }
 }

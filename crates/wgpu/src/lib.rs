@@ -10,9 +10,9 @@
 //! * f32 everywhere; f16 where the adapter offers `SHADER_F16`; u8 (packed), i32 and i64 (two
 //!   words) for masks, indices and data movement. Every kernel computes in f32.
 //!
-//! This first step covers the elementwise, reduction, GEMM, select and data-movement families;
-//! the nn and optimizer families are not declared yet, so the front end refuses them with the
-//! clear error and the conformance summary lists them.
+//! f32 and f16 declare every op; the integer dtypes declare what masks, indices and data
+//! movement need. Convolution runs as implicit GEMM (forward, backward-data, backward-filter) on
+//! the same tiled GEMM template as matmul.
 
 mod context;
 mod kernels;
@@ -152,6 +152,10 @@ impl WgpuBackend {
         Ok(self.wrap(buffer, dtype, out.storage_extent().max(out.numel())))
     }
 
+    fn triple<'a>(&self, v: View<'a>) -> Result<(&'a wgpu::Buffer, &'a Layout, DType)> {
+        Ok((self.buffer(v.storage)?, v.layout, v.dtype()))
+    }
+
     fn unsupported<T>(&self, op: Op, dtype: DType) -> Result<T> {
         Err(TensorError::Unsupported {
             op,
@@ -176,10 +180,7 @@ impl Backend for WgpuBackend {
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
         if self.float(dtype) {
-            return matches!(
-                op,
-                Op::Unary(_) | Op::Binary(_) | Op::Reduce(_) | Op::Other(_)
-            );
+            return true;
         }
         match dtype {
             DType::U8 => {
@@ -286,112 +287,202 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
-    // The nn and optimizer families are not implemented on wgpu yet; `supports` does not
-    // declare them, so the front end never calls these.
+    fn softmax(&self, x: View<'_>, axis: usize, log: bool, out: &Layout) -> Result<Storage> {
+        let buffer = kernels::nn::softmax(&self.ctx, &self.operand(x)?, axis, log, out)?;
+        Ok(self.wrap(buffer, x.dtype(), out.numel()))
+    }
 
-    fn softmax(&self, x: View<'_>, _: usize, _: bool, _: &Layout) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::Softmax), x.dtype())
+    fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage> {
+        let buffer =
+            kernels::nn::gather(&self.ctx, &self.operand(x)?, axis, &self.operand(index)?)?;
+        Ok(self.wrap(buffer, x.dtype(), index.layout.numel()))
     }
-    fn gather(&self, x: View<'_>, _: usize, _: View<'_>) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::Gather), x.dtype())
-    }
+
     fn scatter_add(
         &self,
         dst: &Storage,
-        _: &[usize],
-        _: usize,
-        _: View<'_>,
-        _: View<'_>,
+        shape: &[usize],
+        axis: usize,
+        index: View<'_>,
+        src: View<'_>,
     ) -> Result<()> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::ScatterAdd), dst.dtype())
+        let target = (self.buffer(dst)?, shape, dst.dtype());
+        kernels::nn::scatter_add(
+            &self.ctx,
+            target,
+            axis,
+            &self.operand(index)?,
+            &self.operand(src)?,
+        )
     }
-    fn conv2d(&self, x: View<'_>, _: View<'_>, _: &Conv2dParams, _: &Layout) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::Conv2d), x.dtype())
+
+    fn conv2d(&self, x: View<'_>, w: View<'_>, p: &Conv2dParams, out: &Layout) -> Result<Storage> {
+        let buffer = kernels::conv::forward(&self.ctx, self.triple(x)?, self.triple(w)?, p, out)?;
+        Ok(self.wrap(buffer, x.dtype(), out.numel()))
     }
+
     fn conv2d_input_grad(
         &self,
         g: View<'_>,
-        _: View<'_>,
-        _: &Conv2dParams,
-        _: &Layout,
+        w: View<'_>,
+        p: &Conv2dParams,
+        out: &Layout,
     ) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::Conv2dInputGrad), g.dtype())
+        let buffer =
+            kernels::conv::input_grad(&self.ctx, self.triple(g)?, self.triple(w)?, p, out)?;
+        Ok(self.wrap(buffer, g.dtype(), out.numel()))
     }
+
     fn conv2d_weight_grad(
         &self,
         x: View<'_>,
-        _: View<'_>,
-        _: &Conv2dParams,
-        _: &[usize],
+        g: View<'_>,
+        p: &Conv2dParams,
+        shape: &[usize],
     ) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::Conv2dWeightGrad), x.dtype())
+        let buffer =
+            kernels::conv::weight_grad(&self.ctx, self.triple(x)?, self.triple(g)?, p, shape)?;
+        Ok(self.wrap(buffer, x.dtype(), shape.iter().product()))
     }
-    fn max_pool2d(&self, x: View<'_>, _: &Pool2dParams, _: &Layout) -> Result<(Storage, Storage)> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::MaxPool2d), x.dtype())
+
+    fn max_pool2d(
+        &self,
+        x: View<'_>,
+        p: &Pool2dParams,
+        out: &Layout,
+    ) -> Result<(Storage, Storage)> {
+        let (values, positions) = kernels::nn::pool(&self.ctx, &self.operand(x)?, p, out, true)?;
+        let positions = positions.ok_or_else(|| self.ctx.fail("max pooling made no positions"))?;
+        Ok((
+            self.wrap(values, x.dtype(), out.numel()),
+            self.wrap(positions, DType::I64, out.numel()),
+        ))
     }
-    fn avg_pool2d(&self, x: View<'_>, _: &Pool2dParams, _: &Layout) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::AvgPool2d), x.dtype())
+
+    fn avg_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        let (values, _) = kernels::nn::pool(&self.ctx, &self.operand(x)?, p, out, false)?;
+        Ok(self.wrap(values, x.dtype(), out.numel()))
     }
-    fn avg_pool2d_grad(&self, g: View<'_>, _: &Pool2dParams, _: &Layout) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::AvgPool2dGrad), g.dtype())
+
+    fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        let buffer = kernels::nn::avg_pool_grad(&self.ctx, &self.operand(g)?, p, out)?;
+        Ok(self.wrap(buffer, g.dtype(), out.numel()))
     }
-    fn random_uniform(&self, dtype: DType, _: usize, _: u64, _: u64) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::RandomUniform), dtype)
+
+    fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
+        let buffer = kernels::nn::random_uniform(&self.ctx, dtype, len, seed, offset)?;
+        Ok(self.wrap(buffer, dtype, len))
     }
+
     fn normalize_input(
         &self,
-        _: View<'_>,
-        _: &[f64],
-        _: &[f64],
+        x: View<'_>,
+        mean: &[f64],
+        std: &[f64],
         dtype: DType,
-        _: &Layout,
+        out: &Layout,
     ) -> Result<Storage> {
-        self.unsupported(Op::Nn(redline_tensor::NnOp::NormalizeInput), dtype)
+        let buffer =
+            kernels::nn::normalize_input(&self.ctx, &self.operand(x)?, mean, std, dtype, out)?;
+        Ok(self.wrap(buffer, dtype, out.numel()))
     }
+
     fn sgd(
         &self,
         params: &[&Storage],
-        _: &[&Storage],
-        _: &[&Storage],
-        _: &SgdParams,
-        _: Option<&Storage>,
+        grads: &[&Storage],
+        momentum: &[&Storage],
+        p: &SgdParams,
+        found_inf: Option<&Storage>,
     ) -> Result<()> {
-        self.unsupported(
-            Op::Optim(redline_tensor::OptimOp::Sgd),
-            params.first().map_or(DType::F32, |p| p.dtype()),
-        )
+        let Some(first) = params.first() else {
+            return Ok(());
+        };
+        let zero = self.fill(first.dtype(), 1, 0.0)?;
+        let found = self.buffer(found_inf.unwrap_or(&zero))?;
+        for (i, param) in params.iter().enumerate() {
+            let m = match momentum.get(i) {
+                Some(m) if p.momentum != 0.0 => Some(self.buffer(m)?),
+                _ => None,
+            };
+            let (pb, gb) = (self.buffer(param)?, self.buffer(grads[i])?);
+            kernels::optim::sgd(&self.ctx, param.dtype(), pb, gb, m, found, param.len(), p)?;
+        }
+        Ok(())
     }
+
     fn adamw(
         &self,
         params: &[&Storage],
-        _: &[&Storage],
-        _: &[&Storage],
-        _: &[&Storage],
-        _: &Storage,
-        _: &AdamWParams,
-        _: Option<&Storage>,
+        grads: &[&Storage],
+        exp_avg: &[&Storage],
+        exp_avg_sq: &[&Storage],
+        step: &Storage,
+        p: &AdamWParams,
+        found_inf: Option<&Storage>,
     ) -> Result<()> {
-        self.unsupported(
-            Op::Optim(redline_tensor::OptimOp::AdamW),
-            params.first().map_or(DType::F32, |p| p.dtype()),
-        )
+        let Some(first) = params.first() else {
+            return Ok(());
+        };
+        let zero = self.fill(first.dtype(), 1, 0.0)?;
+        let found = self.buffer(found_inf.unwrap_or(&zero))?;
+        let step_buffer = self.buffer(step)?;
+        kernels::optim::count_step(&self.ctx, step.dtype(), step_buffer, found)?;
+        for (i, param) in params.iter().enumerate() {
+            let buffers = (
+                self.buffer(param)?,
+                self.buffer(grads[i])?,
+                self.buffer(exp_avg[i])?,
+                self.buffer(exp_avg_sq[i])?,
+            );
+            kernels::optim::adamw(
+                &self.ctx,
+                param.dtype(),
+                buffers.0,
+                buffers.1,
+                buffers.2,
+                buffers.3,
+                step_buffer,
+                found,
+                param.len(),
+                p,
+            )?;
+        }
+        Ok(())
     }
-    fn unscale_check(&self, grads: &[&Storage], _: &Storage, _: &Storage) -> Result<()> {
-        self.unsupported(
-            Op::Optim(redline_tensor::OptimOp::UnscaleCheck),
-            grads.first().map_or(DType::F32, |p| p.dtype()),
-        )
+
+    fn unscale_check(
+        &self,
+        grads: &[&Storage],
+        inv_scale: &Storage,
+        found_inf: &Storage,
+    ) -> Result<()> {
+        let (inv, found) = (self.buffer(inv_scale)?, self.buffer(found_inf)?);
+        for g in grads {
+            kernels::optim::unscale_check(
+                &self.ctx,
+                g.dtype(),
+                self.buffer(g)?,
+                inv,
+                found,
+                g.len(),
+            )?;
+        }
+        Ok(())
     }
+
     fn scaler_update(
         &self,
         scale: &Storage,
-        _: &Storage,
-        _: &Storage,
-        _: &ScalerParams,
+        tracker: &Storage,
+        found_inf: &Storage,
+        p: &ScalerParams,
     ) -> Result<()> {
-        self.unsupported(
-            Op::Optim(redline_tensor::OptimOp::ScalerUpdate),
-            scale.dtype(),
-        )
+        let buffers = (
+            self.buffer(scale)?,
+            self.buffer(tracker)?,
+            self.buffer(found_inf)?,
+        );
+        kernels::optim::scaler_update(&self.ctx, scale.dtype(), buffers.0, buffers.1, buffers.2, p)
     }
 }

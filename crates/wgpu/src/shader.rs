@@ -111,7 +111,8 @@ pub(crate) fn input(name: &str, binding: u32, dtype: DType) -> String {
     )
 }
 
-/// A writable binding `name` at `binding` with `fn store_<name>(at: u32, v: f32)`.
+/// A writable binding `name` at `binding` with `fn store_<name>(at: u32, v: f32)` (so no
+/// binding may be called `v`: the parameter would shadow it).
 pub(crate) fn output(name: &str, binding: u32, dtype: DType) -> String {
     let (ty, store) = match dtype {
         DType::F32 => ("f32".to_string(), format!("{name}[at] = v;")),
@@ -138,3 +139,39 @@ pub(crate) fn grid(n: usize, size: usize) -> [u32; 3] {
     let x = groups.min(65_535);
     [x as u32, groups.div_ceil(x) as u32, 1]
 }
+
+/// A read-write binding `name` with both `load_<name>` and `store_<name>` (in-place ops; not u8).
+pub(crate) fn inout(name: &str, binding: u32, dtype: DType) -> String {
+    let (ty, load, store) = match dtype {
+        DType::F16 => (
+            "f16",
+            format!("return f32({name}[at]);"),
+            format!("{name}[at] = f16(v);"),
+        ),
+        DType::I32 => (
+            "i32",
+            format!("return f32({name}[at]);"),
+            format!("{name}[at] = i32(v);"),
+        ),
+        _ => (
+            "f32",
+            format!("return {name}[at];"),
+            format!("{name}[at] = v;"),
+        ),
+    };
+    format!(
+        "@group(0) @binding({binding}) var<storage, read_write> {name}: array<{ty}>;\nfn load_{name}(at: u32) -> f32 {{ {load} }}\nfn store_{name}(at: u32, v: f32) {{ {store} }}\n"
+    )
+}
+
+/// `strided4(base, i0, i1, i2, i3)`: the storage index of a 4-d element of the layout at
+/// `params[base..]`.
+pub(crate) const STRIDED4: &str = r#"
+fn strided4(base: u32, i0: u32, i1: u32, i2: u32, i3: u32) -> u32 {
+    return params[base + 1u] + i0 * params[base + 8u] + i1 * params[base + 9u]
+        + i2 * params[base + 10u] + i3 * params[base + 11u];
+}
+"#;
+
+/// The linear index of a 1-d kernel dispatched with [`grid`] at 256 threads per group.
+pub(crate) const MAIN_1D: &str = "@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {\n    let i = gid.x + gid.y * nw.x * 256u;\n";

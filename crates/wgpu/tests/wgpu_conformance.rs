@@ -1,6 +1,7 @@
 //! The wgpu hardware suite: the conformance suite on the first wgpu adapter (software Vulkan in
-//! CI). Ignored in a plain `cargo test`; `cargo xtask test` runs it with `--ignored` when the
-//! probe finds an adapter (and fails when one is required but missing).
+//! CI). Ignored in a plain `cargo test`; `cargo xtask test` runs it with `--ignored`. Without an
+//! adapter it prints the skip marker xtask reports as "skipped" — or fails when
+//! `REDLINE_HARDWARE_REQUIRED=1` (CI, `--require wgpu`).
 
 use std::sync::Arc;
 
@@ -8,17 +9,27 @@ use redline_tensor::{Device, Tensor};
 use redline_testkit::{run_conformance, SuiteConfig};
 use redline_wgpu::WgpuBackend;
 
-fn device() -> (Device, redline_wgpu::AdapterSummary) {
-    let backend =
-        WgpuBackend::new(|_| true).expect("a wgpu adapter (the hardware suite needs one)");
-    let adapter = backend.adapter();
-    (Device::new(Arc::new(backend)), adapter)
+fn device() -> Option<(Device, redline_wgpu::AdapterSummary)> {
+    let required = std::env::var("REDLINE_HARDWARE_REQUIRED").is_ok_and(|v| v == "1");
+    match WgpuBackend::new(|_| true) {
+        Ok(backend) => {
+            let adapter = backend.adapter();
+            Some((Device::new(Arc::new(backend)), adapter))
+        }
+        Err(e) if required => panic!("the wgpu suite is required but: {e}"),
+        Err(e) => {
+            println!("redline-hardware-skip: {e}");
+            None
+        }
+    }
 }
 
 #[test]
-#[ignore = "hardware suite: cargo xtask test runs it where an adapter exists"]
+#[ignore = "hardware suite: cargo xtask test runs it"]
 fn wgpu_passes_the_conformance_suite() {
-    let (device, adapter) = device();
+    let Some((device, adapter)) = device() else {
+        return;
+    };
     println!("adapter: {adapter:?}");
     // Software Vulkan runs at ~0.3 GFLOP/s: few, small cases.
     let report = run_conformance(
@@ -30,12 +41,16 @@ fn wgpu_passes_the_conformance_suite() {
     );
     println!("{}", report.matrix());
     report.assert_passed();
+    assert!(
+        report.matrix().contains("undeclared f32/f16 pairs: none"),
+        "every op must be declared for f32 and f16"
+    );
 }
 
 #[test]
-#[ignore = "hardware suite: cargo xtask test runs it where an adapter exists"]
+#[ignore = "hardware suite: cargo xtask test runs it"]
 fn many_ops_per_submit_and_buffers_are_recycled() {
-    let (device, _) = device();
+    let Some((device, _)) = device() else { return };
     let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2], &device).unwrap();
     let mut y = x.clone();
     // 300 ops: several batched submits, each intermediate dropped back into the pool.
