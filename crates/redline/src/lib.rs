@@ -1,4 +1,6 @@
-//! The redline facade: re-exports and the device registry (Device::best()).
-//!
-//! An empty shell for now: issues 4, 5 and 7 fills it. The crate exists so the workspace layout of
-//! `DESIGN.md` (and its dependency rules) is in place from the first commit.
+//! redline: a training stack that keeps the GPU busy. This facade re-exports the tensor API and
+//! picks devices: [`registry::best`] ranks what the machine has (DESIGN.md, contract 3).
+
+pub mod registry;
+
+pub use redline_tensor::*;

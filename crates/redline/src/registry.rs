@@ -1,0 +1,176 @@
+//! The device registry: every backend this build has, ranked.
+//!
+//! Ranking (DESIGN.md, contract 3): CUDA, then a wgpu adapter that is real hardware, then the
+//! CPU; a software adapter (Mesa llvmpipe/lavapipe, SwiftShader, WARP) ranks below the CPU and is
+//! used only when asked for by name — it is a CPU pretending to be a GPU, slower than the CPU
+//! backend itself.
+//!
+//! Until the fast CPU backend (`redline-cpu`) lands, the CPU slot is the f64 reference.
+
+use std::sync::Arc;
+
+use redline_tensor::{Device, Result, TensorError};
+use redline_wgpu::{AdapterSummary, WgpuBackend};
+
+/// What kind of device a candidate is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Cuda,
+    Wgpu,
+    Cpu,
+}
+
+/// A device this machine offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The name `by_name` accepts: "cpu", "wgpu:<adapter name>".
+    pub name: String,
+    pub kind: Kind,
+    /// A software rasteriser posing as a GPU.
+    pub software: bool,
+}
+
+impl Candidate {
+    /// Lower is better. Software adapters come after the CPU.
+    pub fn rank(&self) -> u8 {
+        match (self.kind, self.software) {
+            (Kind::Cuda, _) => 0,
+            (Kind::Wgpu, false) => 1,
+            (Kind::Cpu, _) => 2,
+            (Kind::Wgpu, true) => 3,
+        }
+    }
+
+    /// Whether `best()` may pick it: not a software adapter.
+    pub fn automatic(&self) -> bool {
+        !(self.kind == Kind::Wgpu && self.software)
+    }
+}
+
+fn wgpu_candidate(a: &AdapterSummary) -> Candidate {
+    Candidate {
+        name: format!("wgpu:{}", a.name),
+        kind: Kind::Wgpu,
+        software: a.software,
+    }
+}
+
+/// Every device, best first.
+pub fn candidates() -> Vec<Candidate> {
+    let mut all: Vec<Candidate> = redline_wgpu::adapters()
+        .iter()
+        .map(wgpu_candidate)
+        .collect();
+    all.push(Candidate {
+        name: "cpu".into(),
+        kind: Kind::Cpu,
+        software: false,
+    });
+    all.sort_by_key(Candidate::rank);
+    all
+}
+
+fn open(candidate: &Candidate) -> Result<Device> {
+    match candidate.kind {
+        Kind::Cpu => Ok(Device::reference()),
+        Kind::Wgpu => {
+            let wanted = candidate.name.trim_start_matches("wgpu:").to_string();
+            let backend = WgpuBackend::new(move |a| a.name == wanted)?;
+            Ok(Device::new(Arc::new(backend)))
+        }
+        Kind::Cuda => Err(TensorError::Device(
+            "the CUDA backend is not part of this build yet".into(),
+        )),
+    }
+}
+
+/// The best device that is not a software adapter.
+pub fn best() -> Result<Device> {
+    let all = candidates();
+    let choice = all
+        .iter()
+        .find(|c| c.automatic())
+        .ok_or_else(|| TensorError::Device("no device at all".into()))?;
+    open(choice)
+}
+
+/// A device by name: "cpu", "wgpu" (the best wgpu adapter, software included), or
+/// "wgpu:<part of an adapter name>" (e.g. "wgpu:llvmpipe").
+pub fn by_name(name: &str) -> Result<Device> {
+    let all = candidates();
+    let matches = |c: &&Candidate| match name {
+        "cpu" => c.kind == Kind::Cpu,
+        "wgpu" => c.kind == Kind::Wgpu,
+        _ => name
+            .strip_prefix("wgpu:")
+            .is_some_and(|part| c.kind == Kind::Wgpu && c.name.contains(part)),
+    };
+    let choice = all.iter().find(matches).ok_or_else(|| {
+        TensorError::Device(format!(
+            "no device named {name:?} (available: {})",
+            all.iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    open(choice)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(kind: Kind, software: bool) -> Candidate {
+        Candidate {
+            name: format!("{kind:?}{software}"),
+            kind,
+            software,
+        }
+    }
+
+    #[test]
+    fn software_adapters_rank_below_the_cpu_and_are_never_automatic() {
+        let mut all = [
+            candidate(Kind::Wgpu, true),
+            candidate(Kind::Cpu, false),
+            candidate(Kind::Wgpu, false),
+            candidate(Kind::Cuda, false),
+        ];
+        all.sort_by_key(Candidate::rank);
+        let order: Vec<(Kind, bool)> = all.iter().map(|c| (c.kind, c.software)).collect();
+        assert_eq!(
+            order,
+            [
+                (Kind::Cuda, false),
+                (Kind::Wgpu, false),
+                (Kind::Cpu, false),
+                (Kind::Wgpu, true)
+            ]
+        );
+        assert!(!candidate(Kind::Wgpu, true).automatic());
+        assert!(candidate(Kind::Wgpu, false).automatic());
+    }
+
+    #[test]
+    fn on_this_machine_best_never_picks_a_software_adapter() {
+        let all = candidates();
+        let device = best().unwrap();
+        let hardware_gpu = all.iter().any(|c| c.kind == Kind::Wgpu && !c.software);
+        if !hardware_gpu {
+            assert_eq!(
+                device.name(),
+                "reference",
+                "the CPU slot wins over software adapters"
+            );
+        }
+        if let Some(software) = all.iter().find(|c| c.software) {
+            // Asked for by name, a software adapter is used.
+            let device = by_name(&software.name).unwrap();
+            assert!(device.name().starts_with("wgpu:"), "{}", device.name());
+        }
+        assert!(by_name("no-such-device").is_err());
+        let err = by_name("wgpu:no-such-adapter").unwrap_err().to_string();
+        assert!(err.contains("available: "), "{err}");
+    }
+}
