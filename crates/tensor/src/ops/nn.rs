@@ -17,6 +17,24 @@ impl Tensor {
         Ok(())
     }
 
+    /// Errors unless `index` is an i64 tensor on this device, of this rank, no larger than this
+    /// tensor off `axis` (gather's and scatter-add's contract).
+    fn check_index(&self, axis: usize, index: &Tensor, op: &str) -> Result<()> {
+        self.check_axis(axis, op)?;
+        self.same_device(index, op)?;
+        let fits = index.rank() == self.rank()
+            && (0..self.rank()).all(|d| d == axis || index.shape()[d] <= self.shape()[d]);
+        if index.dtype() != DType::I64 || !fits {
+            return Err(TensorError::shape(format!(
+                "{op} along {axis}: index {} {:?} for {:?} (need i64 of the same rank, no larger off the axis)",
+                index.dtype(),
+                index.shape(),
+                self.shape()
+            )));
+        }
+        Ok(())
+    }
+
     fn softmax_impl(&self, axis: usize, log: bool) -> Result<Tensor> {
         let op = if log { NnOp::LogSoftmax } else { NnOp::Softmax };
         self.check_axis(axis, op.name())?;
@@ -49,18 +67,7 @@ impl Tensor {
 
     /// Picks elements along `axis` by an i64 `index` of the same rank (`torch.gather`).
     pub fn gather(&self, axis: usize, index: &Tensor) -> Result<Tensor> {
-        self.check_axis(axis, "gather")?;
-        self.same_device(index, "gather")?;
-        let fits = index.rank() == self.rank()
-            && (0..self.rank()).all(|d| d == axis || index.shape()[d] <= self.shape()[d]);
-        if index.dtype() != DType::I64 || !fits {
-            return Err(TensorError::shape(format!(
-                "gather along {axis}: index {} {:?} for input {:?} (need i64 of the same rank, no larger off the axis)",
-                index.dtype(),
-                index.shape(),
-                self.shape()
-            )));
-        }
+        self.check_index(axis, index, "gather")?;
         self.device().check(Op::Nn(NnOp::Gather), self.dtype())?;
         let storage = self.backend().gather(self.view(), axis, index.view())?;
         let y = Tensor::from_storage(
@@ -79,19 +86,9 @@ impl Tensor {
     /// `torch.scatter_add`: a copy of `self` with `src[p]` added at `index[p]` along `axis`
     /// (i64 `index` of `src`'s shape). Differentiable in `self` and `src`.
     pub fn scatter_add(&self, axis: usize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        self.check_axis(axis, "scatter_add")?;
+        self.check_index(axis, index, "scatter_add")?;
         self.same_device(src, "scatter_add")?;
         self.same_dtype(src, "scatter_add")?;
-        let fits = index.rank() == self.rank()
-            && (0..self.rank()).all(|d| d == axis || index.shape()[d] <= self.shape()[d]);
-        if index.dtype() != DType::I64 || !fits {
-            return Err(TensorError::shape(format!(
-                "scatter_add along {axis}: index {} {:?} for destination {:?}",
-                index.dtype(),
-                index.shape(),
-                self.shape()
-            )));
-        }
         let out = self
             .detach()
             .convert_to(self.dtype(), Layout::contiguous(self.shape()))?;
