@@ -5,7 +5,7 @@
 //! used only when asked for by name — it is a CPU pretending to be a GPU, slower than the CPU
 //! backend itself.
 //!
-//! Until the fast CPU backend (`redline-cpu`) lands, the CPU slot is the f64 reference.
+//! The CPU slot is the fast CPU backend (`redline-cpu`); the f64 reference is for tests only.
 
 use std::sync::Arc;
 
@@ -72,7 +72,7 @@ pub fn candidates() -> Vec<Candidate> {
 
 fn open(candidate: &Candidate) -> Result<Device> {
     match candidate.kind {
-        Kind::Cpu => Ok(Device::reference()),
+        Kind::Cpu => Ok(redline_cpu::CpuBackend::device()),
         Kind::Wgpu => {
             let wanted = candidate.name.trim_start_matches("wgpu:").to_string();
             let backend = WgpuBackend::new(move |a| a.name == wanted)?;
@@ -160,7 +160,7 @@ mod tests {
         if !hardware_gpu {
             assert_eq!(
                 device.name(),
-                "reference",
+                "cpu",
                 "the CPU slot wins over software adapters"
             );
         }

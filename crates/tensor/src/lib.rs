@@ -42,3 +42,11 @@ pub use layout::Layout;
 pub use ops::norm::RunningStats;
 pub use ops::optim;
 pub use tensor::Tensor;
+
+/// The reference kernels' scalar formulas, shared with host backends that apply them per element
+/// (one definition of GELU, Philox, SGD and AdamW, not one per backend).
+pub mod scalar {
+    pub use crate::ops::elementwise::reference::{binary, erf, unary};
+    pub use crate::ops::norm::reference::{philox, uniform};
+    pub use crate::ops::optim::reference::{adamw, sgd};
+}

@@ -1,0 +1,384 @@
+//! Convolution on channels-last data as tiled im2col + SIMD GEMM: forward, input gradient and
+//! weight gradient.
+//!
+//! Everything runs on NHWC (channels-last) buffers, where a kernel tap is `C` contiguous values:
+//! a tile of output pixels gathers its receptive fields into an im2col tile sized to stay in L2
+//! (from the arena), and one GEMM against the weight matrix `[KH·KW·C, O]` finishes it. The input
+//! gradient is the transposed GEMM plus a col2im scatter; the weight gradient accumulates
+//! `colsᵀ · g` per thread and sums the partials in thread order. 1×1 stride-1 convolutions skip
+//! im2col (the NHWC input already is the matrix). NCHW tensors are converted on the way in and
+//! out (PyTorch's oneDNN path does the same): channels-last is the fast layout.
+
+use std::borrow::Cow;
+
+use redline_tensor::backend::Conv2dParams;
+use redline_tensor::Layout;
+
+use crate::arena::{Arena, Pooled};
+use crate::buffer::{as_compute, from_compute, with_compute, Data, Real};
+use crate::ops::elementwise::dense;
+use crate::ops::matmul::{gemm_rows, Mat};
+use crate::parallel::{self, Disjoint};
+
+/// Bytes of one im2col tile: about half a typical L2.
+const TILE_BYTES: usize = 512 * 1024;
+
+/// Shapes of one convolution.
+#[derive(Debug, Clone, Copy)]
+struct Geom {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    ho: usize,
+    wo: usize,
+    p: Conv2dParams,
+    /// Input and output channels per group.
+    cg: usize,
+    og: usize,
+}
+
+impl Geom {
+    fn new(xs: &[usize], ws: &[usize], ys: &[usize], p: &Conv2dParams) -> Self {
+        Self {
+            n: xs[0],
+            c: xs[1],
+            h: xs[2],
+            w: xs[3],
+            o: ws[0],
+            kh: ws[2],
+            kw: ws[3],
+            ho: ys[2],
+            wo: ys[3],
+            p: *p,
+            cg: ws[1],
+            og: ws[0] / p.groups,
+        }
+    }
+
+    /// Columns of the im2col matrix (per group).
+    fn k(&self) -> usize {
+        self.kh * self.kw * self.cg
+    }
+
+    /// Output pixels (rows of the GEMM).
+    fn pixels(&self) -> usize {
+        self.n * self.ho * self.wo
+    }
+
+    /// A 1×1, stride-1, unpadded convolution: the NHWC input is the im2col matrix.
+    fn pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.p.stride == [1, 1] && self.p.padding == [0, 0]
+    }
+
+    /// Output pixels per tile.
+    fn tile_rows<C>(&self) -> usize {
+        (TILE_BYTES / (self.k() * std::mem::size_of::<C>()).max(1)).clamp(16, 2048) / 8 * 8
+    }
+
+    /// For output pixel `r` and tap `(ky, kx)`: the NHWC index of the input pixel, or None in
+    /// the padding.
+    #[inline]
+    fn source(&self, r: usize, ky: usize, kx: usize) -> Option<usize> {
+        let (ox, rest) = (r % self.wo, r / self.wo);
+        let (oy, b) = (rest % self.ho, rest / self.ho);
+        let iy =
+            (oy * self.p.stride[0] + ky * self.p.dilation[0]).checked_sub(self.p.padding[0])?;
+        let ix =
+            (ox * self.p.stride[1] + kx * self.p.dilation[1]).checked_sub(self.p.padding[1])?;
+        (iy < self.h && ix < self.w).then(|| (b * self.h + iy) * self.w + ix)
+    }
+
+    /// Gathers rows `rows` of group `g`'s im2col matrix into `cols` (row-major, `k()` columns).
+    fn im2col<C: Real>(&self, x: &[C], g: usize, rows: std::ops::Range<usize>, cols: &mut [C]) {
+        let (cg, k) = (self.cg, self.k());
+        for (i, r) in rows.enumerate() {
+            let row = &mut cols[i * k..(i + 1) * k];
+            for ky in 0..self.kh {
+                for kx in 0..self.kw {
+                    let at = (ky * self.kw + kx) * cg;
+                    let dst = &mut row[at..at + cg];
+                    match self.source(r, ky, kx) {
+                        Some(px) => {
+                            let from = px * self.c + g * cg;
+                            dst.copy_from_slice(&x[from..from + cg]);
+                        }
+                        None => dst.fill(C::ZERO),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The weight `[O, C/g, KH, KW]` as the GEMM matrix `[KH·KW·C/g, O]` (row-major).
+fn weight_matrix<'a, C: Real>(w: &'a [C], wl: &Layout) -> Cow<'a, [C]> {
+    let s = wl.shape();
+    let order = Layout::contiguous(&[s[2], s[3], s[1], s[0]]);
+    let permuted = wl.permute(&[2, 3, 1, 0]).unwrap_or_else(|_| order.clone());
+    dense(w, &permuted, &order)
+}
+
+/// A channels-last (NHWC) copy of a logically NCHW view, borrowed when it already is one.
+fn nhwc<'a, C: Real>(src: &'a [C], l: &Layout) -> Cow<'a, [C]> {
+    match Layout::channels_last(l.shape()) {
+        Ok(order) => dense(src, l, &order),
+        Err(_) => Cow::Borrowed(src),
+    }
+}
+
+/// An NHWC result written in the caller's dense layout `out` (of the same logical shape).
+fn finish<C: Real>(dtype: redline_tensor::DType, values: Vec<C>, out: &Layout) -> Data {
+    let Ok(order) = Layout::channels_last(out.shape()) else {
+        return from_compute(dtype, values);
+    };
+    match dense(&values, &order, out) {
+        Cow::Borrowed(_) => from_compute(dtype, values),
+        Cow::Owned(v) => from_compute(dtype, v),
+    }
+}
+
+/// Runs `f(part, tiles)` over the tiles of `rows` output pixels, split across threads.
+fn tiles(rows: usize, tile: usize, f: impl Fn(usize, std::ops::Range<usize>) + Sync) -> usize {
+    let count = rows.div_ceil(tile);
+    let parts = parallel::parts_for(count, 1);
+    parallel::for_parts(count, parts, f);
+    parts
+}
+
+fn tile_range(t: usize, tile: usize, rows: usize) -> std::ops::Range<usize> {
+    t * tile..((t + 1) * tile).min(rows)
+}
+
+pub(crate) fn conv2d(
+    arena: &Arena,
+    x: &Data,
+    xl: &Layout,
+    w: &Data,
+    wl: &Layout,
+    p: &Conv2dParams,
+    out: &Layout,
+) -> Data {
+    with_compute!(x.dtype(), C => {
+        let g = Geom::new(xl.shape(), wl.shape(), out.shape(), p);
+        let (xs, ws) = (as_compute::<C>(x), as_compute::<C>(w));
+        let y = forward::<C>(arena, &g, &nhwc(&xs, xl), &weight_matrix(&ws, wl));
+        finish(x.dtype(), y, out)
+    })
+}
+
+fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], wmat: &[C]) -> Vec<C> {
+    let (rows, k, o) = (g.pixels(), g.k(), g.o);
+    let tile = g.tile_rows::<C>();
+    let mut y = vec![C::ZERO; rows * o];
+    let out = Disjoint::new(&mut y);
+    tiles(rows, tile, |_, range| {
+        let mut cols = arena.take::<C>(if g.pointwise() { 0 } else { tile * k });
+        for t in range {
+            let r = tile_range(t, tile, rows);
+            for grp in 0..g.p.groups {
+                let b = Mat {
+                    data: wmat,
+                    offset: grp * g.og,
+                    strides: [o, 1],
+                };
+                // SAFETY: tiles are disjoint row ranges of y.
+                let dst = unsafe { out.slice(r.start * o + grp * g.og..r.end * o) };
+                if g.pointwise() {
+                    let a = Mat {
+                        data: x,
+                        offset: grp * g.cg,
+                        strides: [g.c, 1],
+                    };
+                    gemm_rows(a, b, k, g.og, r.clone(), dst, o, false);
+                } else {
+                    g.im2col(x, grp, r.clone(), &mut cols);
+                    let a = Mat {
+                        data: &cols[..],
+                        offset: 0,
+                        strides: [k, 1],
+                    };
+                    gemm_rows(a, b, k, g.og, 0..r.len(), dst, o, false);
+                }
+            }
+        }
+    });
+    y
+}
+
+pub(crate) fn conv2d_input_grad(
+    arena: &Arena,
+    gy: &Data,
+    gl: &Layout,
+    w: &Data,
+    wl: &Layout,
+    p: &Conv2dParams,
+    out: &Layout,
+) -> Data {
+    with_compute!(gy.dtype(), C => {
+        let g = Geom::new(out.shape(), wl.shape(), gl.shape(), p);
+        let (gs, ws) = (as_compute::<C>(gy), as_compute::<C>(w));
+        let dx = input_grad::<C>(arena, &g, &nhwc(&gs, gl), &weight_matrix(&ws, wl));
+        finish(gy.dtype(), dx, out)
+    })
+}
+
+fn input_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, gy: &[C], wmat: &[C]) -> Vec<C> {
+    let (rows, k, o, c) = (g.pixels(), g.k(), g.o, g.c);
+    let tile = g.tile_rows::<C>();
+    let mut dx = vec![C::ZERO; g.n * g.h * g.w * c];
+    let out = Disjoint::new(&mut dx);
+    // wmatᵀ of group grp: [og, k].
+    let wt = |grp: usize| Mat {
+        data: wmat,
+        offset: grp * g.og,
+        strides: [1, o],
+    };
+    if g.pointwise() {
+        // dx rows are the output pixels: a plain GEMM, rows split freely.
+        tiles(rows, tile, |_, range| {
+            for t in range {
+                let r = tile_range(t, tile, rows);
+                for grp in 0..g.p.groups {
+                    let a = Mat {
+                        data: gy,
+                        offset: grp * g.og,
+                        strides: [o, 1],
+                    };
+                    // SAFETY: tiles are disjoint row ranges of dx.
+                    let dst = unsafe { out.slice(r.start * c + grp * g.cg..r.end * c) };
+                    gemm_rows(a, wt(grp), g.og, g.cg, r.clone(), dst, c, false);
+                }
+            }
+        });
+        return dx;
+    }
+    // col2im scatters across tile boundaries within an image: split by whole images.
+    let per_image = g.ho * g.wo;
+    parallel::for_parts(g.n, parallel::parts_for(g.n, 1), |_, images| {
+        let mut cols = arena.take::<C>(tile * k);
+        // SAFETY: this part owns the input-gradient planes of `images`.
+        let dx = unsafe { out.slice(images.start * g.h * g.w * c..images.end * g.h * g.w * c) };
+        let base = images.start * g.h * g.w * c;
+        for image in images {
+            let first = image * per_image;
+            for t in 0..per_image.div_ceil(tile) {
+                let r = tile_range(t, tile, per_image);
+                let r = first + r.start..first + r.end;
+                for grp in 0..g.p.groups {
+                    let a = Mat {
+                        data: gy,
+                        offset: grp * g.og,
+                        strides: [o, 1],
+                    };
+                    gemm_rows(a, wt(grp), g.og, k, r.clone(), &mut cols, k, false);
+                    g.col2im_at(&cols, grp, r.clone(), dx, base);
+                }
+            }
+        }
+    });
+    dx
+}
+
+impl Geom {
+    /// `col2im` into a slice of dx that starts at NHWC element `base`.
+    fn col2im_at<C: Real>(
+        &self,
+        cols: &[C],
+        g: usize,
+        rows: std::ops::Range<usize>,
+        dx: &mut [C],
+        base: usize,
+    ) {
+        let (cg, k) = (self.cg, self.k());
+        for (i, r) in rows.enumerate() {
+            let row = &cols[i * k..(i + 1) * k];
+            for ky in 0..self.kh {
+                for kx in 0..self.kw {
+                    if let Some(px) = self.source(r, ky, kx) {
+                        let at = (ky * self.kw + kx) * cg;
+                        let to = px * self.c + g * cg - base;
+                        for (d, &s) in dx[to..to + cg].iter_mut().zip(&row[at..at + cg]) {
+                            *d += s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn conv2d_weight_grad(
+    arena: &Arena,
+    x: &Data,
+    xl: &Layout,
+    gy: &Data,
+    gl: &Layout,
+    p: &Conv2dParams,
+    weight_shape: &[usize],
+) -> Data {
+    with_compute!(x.dtype(), C => {
+        let g = Geom::new(xl.shape(), weight_shape, gl.shape(), p);
+        let (xs, gs) = (as_compute::<C>(x), as_compute::<C>(gy));
+        let dwmat = weight_grad::<C>(arena, &g, &nhwc(&xs, xl), &nhwc(&gs, gl));
+        // [KH, KW, C/g, O] back to OIHW.
+        let (o, cg, kw) = (g.o, g.cg, g.kw);
+        let view = Layout::new(weight_shape.to_vec(), vec![1, o, kw * cg * o, cg * o], 0);
+        let values = dense(&dwmat, &view, &Layout::contiguous(weight_shape)).into_owned();
+        from_compute(x.dtype(), values)
+    })
+}
+
+fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> Vec<C> {
+    let (rows, k, o) = (g.pixels(), g.k(), g.o);
+    let tile = g.tile_rows::<C>();
+    let count = rows.div_ceil(tile);
+    let parts = parallel::parts_for(count, 1);
+    let mut partials = vec![C::ZERO; parts * k * o];
+    let out = Disjoint::new(&mut partials);
+    parallel::for_parts(count, parts, |part, range| {
+        // SAFETY: each part owns its own partial.
+        let acc = unsafe { out.slice(part * k * o..(part + 1) * k * o) };
+        let mut cols = arena.take::<C>(if g.pointwise() { 0 } else { tile * k });
+        for t in range {
+            let r = tile_range(t, tile, rows);
+            for grp in 0..g.p.groups {
+                let b = Mat {
+                    data: gy,
+                    offset: r.start * o + grp * g.og,
+                    strides: [o, 1],
+                };
+                let dst = &mut acc[grp * g.og..];
+                if g.pointwise() {
+                    // xᵀ of the tile: [cg, rows].
+                    let a = Mat {
+                        data: x,
+                        offset: r.start * g.c + grp * g.cg,
+                        strides: [1, g.c],
+                    };
+                    gemm_rows(a, b, r.len(), g.og, 0..k, dst, o, true);
+                } else {
+                    g.im2col(x, grp, r.clone(), &mut cols);
+                    let a = Mat {
+                        data: &cols[..],
+                        offset: 0,
+                        strides: [1, k],
+                    };
+                    gemm_rows(a, b, r.len(), g.og, 0..k, dst, o, true);
+                }
+            }
+        }
+    });
+    // Partials summed in part order: fixed for a given thread count.
+    let (first, rest) = partials.split_at_mut(k * o);
+    for part in rest.chunks(k * o) {
+        for (a, &b) in first.iter_mut().zip(part) {
+            *a += b;
+        }
+    }
+    partials.truncate(k * o);
+    partials
+}

@@ -1,0 +1,270 @@
+//! Elementwise ops over strided views: unary, binary, select, convert, copy_into — and the
+//! `map` kernel every other op uses to read a view in the order it needs.
+
+use std::borrow::Cow;
+
+use redline_tensor::backend::{BinaryOp, UnaryOp};
+use redline_tensor::{scalar, DType, Layout, Result, TensorError};
+
+use crate::buffer::{as_compute, from_compute, with_compute, with_data, Data, Elem, Real};
+use crate::parallel;
+use crate::strided::Plan;
+
+/// Elements per part below which an op stays on one thread.
+const MIN_PER_PART: usize = 1 << 15;
+
+/// A dense output in `layouts[0]`'s memory order whose element is `f(inputs)`, where input `k`
+/// (`k ≥ 1`) is `srcs[k]` read through `layouts[k]` (`srcs[0]` is unused).
+pub(crate) fn map<C: Real, const M: usize>(
+    layouts: [&Layout; M],
+    srcs: [&[C]; M],
+    f: impl Fn([C; M]) -> C + Sync,
+) -> Vec<C> {
+    let plan = Plan::new(layouts);
+    let mut out = vec![C::ZERO; layouts[0].storage_extent().max(plan.numel())];
+    let inner = plan.inner();
+    parallel::chunks_mut(&mut out, MIN_PER_PART, |start, chunk| {
+        let mut at = 0;
+        plan.runs(start..start + chunk.len(), |pos, len| {
+            let run = &mut chunk[at..at + len];
+            if (1..M).all(|k| inner[k] == 1) {
+                // The common case (contiguous operands): plain slices the compiler vectorises.
+                let ins: [&[C]; M] = std::array::from_fn(|k| {
+                    if k == 0 {
+                        &[][..]
+                    } else {
+                        &srcs[k][pos[k]..pos[k] + len]
+                    }
+                });
+                for (j, o) in run.iter_mut().enumerate() {
+                    *o = f(std::array::from_fn(|k| {
+                        if k == 0 {
+                            C::ZERO
+                        } else {
+                            ins[k][j]
+                        }
+                    }));
+                }
+            } else {
+                for (j, o) in run.iter_mut().enumerate() {
+                    *o = f(std::array::from_fn(|k| {
+                        if k == 0 {
+                            C::ZERO
+                        } else {
+                            srcs[k][pos[k] + j * inner[k]]
+                        }
+                    }));
+                }
+            }
+            at += len;
+        });
+    });
+    out
+}
+
+/// The elements of `src` (read through `view`) in the memory order of the dense layout `order`
+/// (same shape), borrowed when they already are laid out that way.
+pub(crate) fn dense<'a, C: Real>(src: &'a [C], view: &Layout, order: &Layout) -> Cow<'a, [C]> {
+    let n = view.numel();
+    let same = view
+        .shape()
+        .iter()
+        .zip(view.strides().iter().zip(order.strides()))
+        .all(|(&len, (&a, &b))| len <= 1 || a == b);
+    if same && view.offset() + n <= src.len() {
+        Cow::Borrowed(&src[view.offset()..view.offset() + n])
+    } else {
+        Cow::Owned(map([order, view], [&[], src], |v| v[1]))
+    }
+}
+
+fn unary_fn<C: Real>(op: UnaryOp) -> fn(C) -> C {
+    match op {
+        UnaryOp::Neg => |x: C| -x,
+        UnaryOp::Exp => |x: C| x.exp(),
+        UnaryOp::Log => |x: C| x.ln(),
+        UnaryOp::Sqrt => |x: C| x.sqrt(),
+        UnaryOp::Rsqrt => |x: C| C::ONE / x.sqrt(),
+        UnaryOp::Relu => |x: C| if x > C::ZERO { x } else { C::ZERO },
+        UnaryOp::Sigmoid => |x: C| C::ONE / (C::ONE + (-x).exp()),
+        UnaryOp::Tanh => |x: C| x.tanh(),
+        // erf has no std implementation: the reference's series, in f64.
+        UnaryOp::Gelu => |x: C| C::c(scalar::unary(UnaryOp::Gelu, x.to_f64())),
+        UnaryOp::GeluGrad => |x: C| C::c(scalar::unary(UnaryOp::GeluGrad, x.to_f64())),
+    }
+}
+
+pub(crate) fn unary(op: UnaryOp, x: &Data, xl: &Layout, out: &Layout) -> Data {
+    with_compute!(x.dtype(), C => {
+        let src = as_compute::<C>(x);
+        let f = unary_fn::<C>(op);
+        from_compute(x.dtype(), map([out, xl], [&[], &src], |v| f(v[1])))
+    })
+}
+
+fn binary_kernel<C: Real>(
+    op: BinaryOp,
+    a: &[C],
+    al: &Layout,
+    b: &[C],
+    bl: &Layout,
+    out: &Layout,
+) -> Vec<C> {
+    let truth = |c: bool| if c { C::ONE } else { C::ZERO };
+    let l = [out, al, bl];
+    let s = [&[][..], a, b];
+    // One monomorphised loop per op: the match stays outside the hot loop.
+    match op {
+        BinaryOp::Add => map(l, s, |v| v[1] + v[2]),
+        BinaryOp::Sub => map(l, s, |v| v[1] - v[2]),
+        BinaryOp::Mul => map(l, s, |v| v[1] * v[2]),
+        BinaryOp::Div => map(l, s, |v| v[1] / v[2]),
+        BinaryOp::Pow => map(l, s, |v| v[1].powf(v[2])),
+        BinaryOp::Maximum => map(l, s, |v| {
+            if v[1].is_nan() || v[2].is_nan() {
+                v[1] + v[2]
+            } else if v[1] >= v[2] {
+                v[1]
+            } else {
+                v[2]
+            }
+        }),
+        BinaryOp::Minimum => map(l, s, |v| {
+            if v[1].is_nan() || v[2].is_nan() {
+                v[1] + v[2]
+            } else if v[1] <= v[2] {
+                v[1]
+            } else {
+                v[2]
+            }
+        }),
+        BinaryOp::Eq => map(l, s, |v| truth(v[1] == v[2])),
+        BinaryOp::Ne => map(l, s, |v| truth(v[1] != v[2])),
+        BinaryOp::Lt => map(l, s, |v| truth(v[1] < v[2])),
+        BinaryOp::Le => map(l, s, |v| truth(v[1] <= v[2])),
+        BinaryOp::Gt => map(l, s, |v| truth(v[1] > v[2])),
+        BinaryOp::Ge => map(l, s, |v| truth(v[1] >= v[2])),
+    }
+}
+
+pub(crate) fn binary(
+    op: BinaryOp,
+    a: &Data,
+    al: &Layout,
+    b: &Data,
+    bl: &Layout,
+    out: &Layout,
+) -> Data {
+    let out_dtype = if op.is_comparison() {
+        DType::U8
+    } else {
+        a.dtype()
+    };
+    with_compute!(a.dtype(), C => {
+        let (x, y) = (as_compute::<C>(a), as_compute::<C>(b));
+        from_compute(out_dtype, binary_kernel(op, &x, al, &y, bl, out))
+    })
+}
+
+pub(crate) fn select(
+    cond: &Data,
+    cl: &Layout,
+    a: &Data,
+    al: &Layout,
+    b: &Data,
+    bl: &Layout,
+    out: &Layout,
+) -> Data {
+    with_compute!(a.dtype(), C => {
+        let (c, x, y) = (as_compute::<C>(cond), as_compute::<C>(a), as_compute::<C>(b));
+        let values = map([out, cl, al, bl], [&[], &c, &x, &y], |v| {
+            if v[1] != C::ZERO { v[2] } else { v[3] }
+        });
+        from_compute(a.dtype(), values)
+    })
+}
+
+/// Same-type strided copy: exact for every dtype (an i64 above 2^53 stays itself).
+fn relayout<E: Elem>(src: &[E], from: &Layout, to: &Layout) -> Vec<E> {
+    let plan = Plan::new([to, from]);
+    let mut out = vec![E::default(); to.storage_extent().max(plan.numel())];
+    let inner = plan.inner();
+    parallel::chunks_mut(&mut out, MIN_PER_PART, |start, chunk| {
+        let mut at = 0;
+        plan.runs(start..start + chunk.len(), |pos, len| {
+            for (j, o) in chunk[at..at + len].iter_mut().enumerate() {
+                *o = src[pos[1] + j * inner[1]];
+            }
+            at += len;
+        });
+    });
+    out
+}
+
+/// `x` converted to `dtype`, written in the dense layout `out`.
+pub(crate) fn convert(x: &Data, xl: &Layout, dtype: DType, out: &Layout) -> Data {
+    if x.dtype() == dtype {
+        return with_data!(x, v => Elem::wrap(relayout(v, xl, out)));
+    }
+    // Through f64 whenever either side needs it (f64, integers), so nothing is rounded twice.
+    let wide = [x.dtype(), dtype]
+        .iter()
+        .any(|&d| !matches!(d, DType::F32 | DType::F16 | DType::BF16));
+    if wide {
+        let src = as_compute::<f64>(x);
+        from_compute(dtype, map([out, xl], [&[], &src], |v| v[1]))
+    } else {
+        let src = as_compute::<f32>(x);
+        from_compute(dtype, map([out, xl], [&[], &src], |v| v[1]))
+    }
+}
+
+/// The view's elements in row-major order as little-endian bytes.
+pub(crate) fn download(x: &Data, xl: &Layout) -> Vec<u8> {
+    let row_major = Layout::contiguous(xl.shape());
+    with_data!(x, v => {
+        let values = relayout(v, xl, &row_major);
+        let mut bytes = Vec::with_capacity(values.len() * x.dtype().size());
+        values.into_iter().for_each(|e| e.put_le(&mut bytes));
+        bytes
+    })
+}
+
+/// Writes `values` (row-major over `at`'s shape, already of the destination's dtype: see
+/// [`convert`]) at the positions `at` of `dst`.
+pub(crate) fn copy_into(dst: &mut Data, at: &Layout, values: &Data) -> Result<()> {
+    if at.storage_extent() > dst.len() {
+        return Err(TensorError::Shape(format!(
+            "copy_into: region reaches element {} of a storage of {}",
+            at.storage_extent(),
+            dst.len()
+        )));
+    }
+    let row_major = Layout::contiguous(at.shape());
+    let plan = Plan::new([at, &row_major]);
+    let inner = plan.inner();
+    fn scatter<E: Elem>(dst: &mut [E], src: &[E], plan: &Plan<2>, inner: [usize; 2]) {
+        plan.runs(0..plan.numel(), |pos, len| {
+            for j in 0..len {
+                dst[pos[0] + j * inner[0]] = src[pos[1] + j * inner[1]];
+            }
+        });
+    }
+    match (dst, values) {
+        (Data::F64(d), Data::F64(s)) => scatter(d, s, &plan, inner),
+        (Data::F32(d), Data::F32(s)) => scatter(d, s, &plan, inner),
+        (Data::F16(d), Data::F16(s)) => scatter(d, s, &plan, inner),
+        (Data::BF16(d), Data::BF16(s)) => scatter(d, s, &plan, inner),
+        (Data::U8(d), Data::U8(s)) => scatter(d, s, &plan, inner),
+        (Data::I32(d), Data::I32(s)) => scatter(d, s, &plan, inner),
+        (Data::I64(d), Data::I64(s)) => scatter(d, s, &plan, inner),
+        (d, s) => {
+            return Err(TensorError::DType(format!(
+                "copy_into: {} values for a {} storage",
+                s.dtype(),
+                d.dtype()
+            )))
+        }
+    }
+    Ok(())
+}

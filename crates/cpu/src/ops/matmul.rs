@@ -1,0 +1,135 @@
+//! Batched matrix product on the SIMD GEMM (matrixmultiply), threads splitting rows.
+//!
+//! Operands are read in place through their strides (a transposed weight is not copied); f16 and
+//! bf16 are widened to f32 once. Work is cut into (batch, row block) tasks with fixed boundaries;
+//! every output element is one GEMM dot product in a fixed order, so results do not depend on
+//! the thread count.
+
+use redline_tensor::Layout;
+
+use crate::buffer::{as_compute, from_compute, with_compute, Data, Real};
+use crate::parallel::{self, Disjoint};
+
+/// Rows per task below which a GEMM is not split further.
+const MIN_ROWS: usize = 64;
+
+pub(crate) fn matmul(a: &Data, al: &Layout, b: &Data, bl: &Layout) -> Data {
+    with_compute!(a.dtype(), C => {
+        let (x, y) = (as_compute::<C>(a), as_compute::<C>(b));
+        from_compute(a.dtype(), batched::<C>(&x, al, &y, bl))
+    })
+}
+
+/// A strided matrix operand: base offset, [row, column] strides.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a, C> {
+    pub data: &'a [C],
+    pub offset: usize,
+    pub strides: [usize; 2],
+}
+
+impl<C> Mat<'_, C> {
+    fn istrides(&self) -> [isize; 2] {
+        [self.strides[0] as isize, self.strides[1] as isize]
+    }
+}
+
+/// `c[m, n] = a[m, k] · b[k, n]` (plus `c` when `accumulate`) for the rows `rows` only,
+/// on the calling thread; `c` is row-major with row stride `ldc` starting at row 0.
+///
+/// Panics (never undefined behaviour) if an operand does not cover its matrix.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_rows<C: Real>(
+    a: Mat<'_, C>,
+    b: Mat<'_, C>,
+    k: usize,
+    n: usize,
+    rows: std::ops::Range<usize>,
+    c: &mut [C],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let m = rows.len();
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |mat: &Mat<'_, C>, r: usize, cols: usize| {
+        mat.offset + r.saturating_sub(1) * mat.strides[0] + cols.saturating_sub(1) * mat.strides[1]
+    };
+    assert!(
+        k == 0 || last(&a, rows.end, k) < a.data.len(),
+        "gemm: a out of bounds"
+    );
+    assert!(
+        k == 0 || last(&b, k, n) < b.data.len(),
+        "gemm: b out of bounds"
+    );
+    assert!((m - 1) * ldc + n <= c.len(), "gemm: c out of bounds");
+    let beta = if accumulate { C::ONE } else { C::ZERO };
+    let a_at = a.offset + rows.start * a.strides[0];
+    // SAFETY: the bounds were checked above; `c` is a distinct mutable slice.
+    unsafe {
+        C::gemm(
+            m,
+            k,
+            n,
+            C::ONE,
+            a.data.as_ptr().add(a_at),
+            a.istrides(),
+            b.data.as_ptr().add(b.offset),
+            b.istrides(),
+            beta,
+            c.as_mut_ptr(),
+            [ldc as isize, 1],
+        )
+    }
+}
+
+fn batched<C: Real>(x: &[C], al: &Layout, y: &[C], bl: &Layout) -> Vec<C> {
+    let r = al.rank();
+    let (m, k, n) = (al.shape()[r - 2], al.shape()[r - 1], bl.shape()[r - 1]);
+    let batch_shape = &al.shape()[..r - 2];
+    let batches: usize = batch_shape.iter().product();
+    let batch_of = |l: &Layout| {
+        Layout::new(
+            batch_shape.to_vec(),
+            l.strides()[..r - 2].to_vec(),
+            l.offset(),
+        )
+    };
+    let (ab, bb) = (batch_of(al), batch_of(bl));
+    let mut out = vec![C::ZERO; batches * m * n];
+    // Tasks: (batch, row block). Few large matrices split their rows; many small ones don't.
+    let blocks = if batches >= parallel::threads() {
+        1
+    } else {
+        parallel::parts_for(m, MIN_ROWS)
+    };
+    let tasks = batches * blocks;
+    let c = Disjoint::new(&mut out);
+    parallel::for_parts(
+        tasks,
+        parallel::parts_for(tasks * m * n * k.max(1), 1 << 18),
+        |_, range| {
+            for task in range {
+                let (batch, block) = (task / blocks, task % blocks);
+                let rows = parallel::part_range(m, blocks, block);
+                let a = Mat {
+                    data: x,
+                    offset: ab.index_of(batch),
+                    strides: [al.strides()[r - 2], al.strides()[r - 1]],
+                };
+                let b = Mat {
+                    data: y,
+                    offset: bb.index_of(batch),
+                    strides: [bl.strides()[r - 2], bl.strides()[r - 1]],
+                };
+                let start = (batch * m + rows.start) * n;
+                // SAFETY: each task owns the rows `rows` of its batch: disjoint ranges of `out`.
+                let dst = unsafe { c.slice(start..start + rows.len() * n) };
+                gemm_rows(a, b, k, n, rows, dst, n, false);
+            }
+        },
+    );
+    out
+}

@@ -1,0 +1,164 @@
+//! Max and average pooling, and average pooling's gradient: one plane (image, channel) per task,
+//! read through the input's strides (NCHW or channels-last alike).
+
+use redline_tensor::backend::Pool2dParams;
+use redline_tensor::Layout;
+
+use crate::buffer::{as_compute, from_compute, with_compute, Data, Real};
+use crate::ops::elementwise::dense;
+use crate::parallel::{self, Disjoint};
+
+/// One plane's geometry: input `h × w` at `strides` (row, column), output `ho × wo`.
+struct Plane {
+    h: usize,
+    w: usize,
+    ho: usize,
+    wo: usize,
+    p: Pool2dParams,
+}
+
+impl Plane {
+    /// Calls `f(output index, iy, ix)` for every window position inside the input.
+    #[inline]
+    fn window(&self, oy: usize, ox: usize, mut f: impl FnMut(usize, usize)) {
+        for ky in 0..self.p.kernel[0] {
+            let Some(iy) = (oy * self.p.stride[0] + ky).checked_sub(self.p.padding[0]) else {
+                continue;
+            };
+            if iy >= self.h {
+                continue;
+            }
+            for kx in 0..self.p.kernel[1] {
+                let Some(ix) = (ox * self.p.stride[1] + kx).checked_sub(self.p.padding[1]) else {
+                    continue;
+                };
+                if ix < self.w {
+                    f(iy, ix);
+                }
+            }
+        }
+    }
+
+    fn area<C: Real>(&self) -> C {
+        C::c((self.p.kernel[0] * self.p.kernel[1]) as f64)
+    }
+}
+
+/// Runs `f(plane index, input plane offset)` for every (image, channel) plane, in parallel.
+fn planes(xl: &Layout, f: impl Fn(usize, usize) + Sync) {
+    let (n, c) = (xl.shape()[0], xl.shape()[1]);
+    let (sn, sc) = (xl.strides()[0], xl.strides()[1]);
+    let count = n * c;
+    let per_plane = xl.shape()[2] * xl.shape()[3];
+    parallel::for_parts(
+        count,
+        parallel::parts_for(count * per_plane, 1 << 14),
+        |_, range| {
+            for plane in range {
+                f(plane, xl.offset() + (plane / c) * sn + (plane % c) * sc);
+            }
+        },
+    );
+}
+
+pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> (Data, Data) {
+    let s = xl.shape();
+    let plane = Plane {
+        h: s[2],
+        w: s[3],
+        ho: out.shape()[2],
+        wo: out.shape()[3],
+        p: *p,
+    };
+    let (sy, sx) = (xl.strides()[2], xl.strides()[3]);
+    let per_out = plane.ho * plane.wo;
+    with_compute!(x.dtype(), C => {
+        let src = as_compute::<C>(x);
+        let mut values = vec![C::ZERO; s[0] * s[1] * per_out];
+        let mut at = vec![0i64; values.len()];
+        let (vo, ao) = (Disjoint::new(&mut values), Disjoint::new(&mut at));
+        planes(xl, |i, base| {
+            // SAFETY: each plane writes its own output plane.
+            let (vs, ats) = unsafe { (vo.slice(i * per_out..(i + 1) * per_out), ao.slice(i * per_out..(i + 1) * per_out)) };
+            for oy in 0..plane.ho {
+                for ox in 0..plane.wo {
+                    let (mut best, mut pos) = (C::NEG_INFINITY, 0);
+                    plane.window(oy, ox, |iy, ix| {
+                        let v = src[base + iy * sy + ix * sx];
+                        if v > best || (v.is_nan() && !best.is_nan()) {
+                            (best, pos) = (v, iy * plane.w + ix);
+                        }
+                    });
+                    vs[oy * plane.wo + ox] = best;
+                    ats[oy * plane.wo + ox] = pos as i64;
+                }
+            }
+        });
+        let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
+        (from_compute(x.dtype(), values), Data::I64(at))
+    })
+}
+
+pub(crate) fn avg_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> Data {
+    let s = xl.shape();
+    let plane = Plane {
+        h: s[2],
+        w: s[3],
+        ho: out.shape()[2],
+        wo: out.shape()[3],
+        p: *p,
+    };
+    let (sy, sx) = (xl.strides()[2], xl.strides()[3]);
+    let per_out = plane.ho * plane.wo;
+    with_compute!(x.dtype(), C => {
+        let src = as_compute::<C>(x);
+        let mut values = vec![C::ZERO; s[0] * s[1] * per_out];
+        let vo = Disjoint::new(&mut values);
+        let area: C = plane.area();
+        planes(xl, |i, base| {
+            // SAFETY: each plane writes its own output plane.
+            let vs = unsafe { vo.slice(i * per_out..(i + 1) * per_out) };
+            for oy in 0..plane.ho {
+                for ox in 0..plane.wo {
+                    let mut sum = C::ZERO;
+                    plane.window(oy, ox, |iy, ix| sum += src[base + iy * sy + ix * sx]);
+                    vs[oy * plane.wo + ox] = sum / area;
+                }
+            }
+        });
+        let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
+        from_compute(x.dtype(), values)
+    })
+}
+
+/// The gradient of average pooling: each output's gradient spread evenly over its window.
+pub(crate) fn avg_pool2d_grad(g: &Data, gl: &Layout, p: &Pool2dParams, out: &Layout) -> Data {
+    let s = out.shape();
+    let plane = Plane {
+        h: s[2],
+        w: s[3],
+        ho: gl.shape()[2],
+        wo: gl.shape()[3],
+        p: *p,
+    };
+    let (sy, sx) = (gl.strides()[2], gl.strides()[3]);
+    let per_in = plane.h * plane.w;
+    with_compute!(g.dtype(), C => {
+        let src = as_compute::<C>(g);
+        let mut values = vec![C::ZERO; s[0] * s[1] * per_in];
+        let vo = Disjoint::new(&mut values);
+        let area: C = plane.area();
+        planes(gl, |i, base| {
+            // SAFETY: each plane writes its own input-gradient plane.
+            let gx = unsafe { vo.slice(i * per_in..(i + 1) * per_in) };
+            for oy in 0..plane.ho {
+                for ox in 0..plane.wo {
+                    let share = src[base + oy * sy + ox * sx] / area;
+                    plane.window(oy, ox, |iy, ix| gx[iy * plane.w + ix] += share);
+                }
+            }
+        });
+        let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
+        from_compute(g.dtype(), values)
+    })
+}

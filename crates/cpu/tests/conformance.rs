@@ -1,0 +1,183 @@
+//! The CPU backend against the reference: the whole conformance suite (every declared
+//! (op, dtype) pair on small random cases), then the sizes and layouts those small cases do not
+//! reach — several threads, several im2col tiles, the 1×1 fast path, big reductions.
+
+use redline_cpu::CpuBackend;
+use redline_tensor::{Conv2dParams, DType, Device, Result, Tensor};
+use redline_testkit::conformance::tolerance;
+use redline_testkit::{run_conformance, SuiteConfig};
+
+#[test]
+fn cpu_passes_the_conformance_suite() {
+    let device = CpuBackend::device();
+    let report = run_conformance(&device, &SuiteConfig::default());
+    println!("{}", report.matrix());
+    report.assert_passed();
+    assert!(report.matrix().contains("undeclared f32/f16 pairs: none"));
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn tensor(shape: &[usize], seed: u64, dev: &Device) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_slice(&values(n, seed), shape, dev).expect("upload")
+}
+
+/// Runs `f` on the CPU backend and on the reference and compares every output (f32 tolerance).
+fn agree(what: &str, f: impl Fn(&Device) -> Result<Vec<Tensor>>) {
+    let (cpu, reference) = (CpuBackend::device(), Device::reference());
+    let got = f(&cpu).unwrap_or_else(|e| panic!("{what} on cpu: {e}"));
+    let want = f(&reference).unwrap_or_else(|e| panic!("{what} on the reference: {e}"));
+    let (rtol, atol) = tolerance(DType::F32);
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.shape(), w.shape(), "{what}: output {k} shape");
+        let (g, w) = (g.to_f64_vec().unwrap(), w.to_f64_vec().unwrap());
+        // Sums of hundreds of products: scale the tolerance by the output's magnitude.
+        let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!(
+                (a - b).abs() <= atol * scale + rtol * b.abs().max(scale * 1e-2),
+                "{what}: output {k}[{i}] = {a}, reference {b}"
+            );
+        }
+    }
+}
+
+/// Convolution forward and both gradients through autograd, on either layout.
+fn conv_case(shape: [usize; 4], w: [usize; 4], p: Conv2dParams, channels_last: bool) {
+    agree(
+        &format!("conv {shape:?} * {w:?} {p:?} cl={channels_last}"),
+        |dev| {
+            let mut x = tensor(&shape, 1, dev);
+            if channels_last {
+                x = x.to_channels_last()?;
+            }
+            let x = x.with_requires_grad(true);
+            let wt = tensor(&w, 2, dev).with_requires_grad(true);
+            let y = x.conv2d(&wt, None, p)?;
+            let weights = tensor(y.shape(), 3, dev);
+            y.mul(&weights)?.sum(&[], false)?.backward()?;
+            Ok(vec![y, x.grad().unwrap(), wt.grad().unwrap()])
+        },
+    );
+}
+
+#[test]
+fn convolutions_over_several_tiles_and_threads() {
+    let p3 = Conv2dParams {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    for cl in [false, true] {
+        // 3×3 pad 1: several im2col tiles, several images per thread.
+        conv_case([4, 16, 24, 24], [16, 16, 3, 3], p3, cl);
+        // 1×1 stride 1: the no-im2col path.
+        conv_case([2, 32, 20, 20], [24, 32, 1, 1], Conv2dParams::default(), cl);
+    }
+    // ResNet's downsampling 1×1 stride 2, a strided 7×7 stem, groups with dilation.
+    conv_case(
+        [2, 16, 17, 17],
+        [32, 16, 1, 1],
+        Conv2dParams {
+            stride: [2, 2],
+            ..Default::default()
+        },
+        true,
+    );
+    conv_case(
+        [2, 3, 30, 30],
+        [8, 3, 7, 7],
+        Conv2dParams {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Default::default()
+        },
+        false,
+    );
+    let grouped = Conv2dParams {
+        padding: [2, 2],
+        dilation: [2, 2],
+        groups: 4,
+        ..Default::default()
+    };
+    conv_case([3, 16, 15, 13], [8, 4, 3, 3], grouped, true);
+}
+
+#[test]
+fn large_matmuls_split_rows_across_threads() {
+    agree("matmul 300x200 @ (150x200)^T and batched", |dev| {
+        let a = tensor(&[300, 200], 4, dev);
+        let b = tensor(&[150, 200], 5, dev);
+        let batched = tensor(&[3, 40, 50], 6, dev).matmul(&tensor(&[3, 50, 20], 7, dev))?;
+        Ok(vec![a.matmul(&b.transpose(0, 1)?)?, batched])
+    });
+}
+
+#[test]
+fn large_reductions_and_elementwise_ops() {
+    agree("per-channel statistics of a channels-last batch", |dev| {
+        let x = tensor(&[8, 16, 32, 32], 8, dev).to_channels_last()?;
+        let bias = tensor(&[1, 16, 1, 1], 9, dev);
+        let y = x.add(&bias)?.relu()?;
+        Ok(vec![
+            y.sum(&[0, 2, 3], true)?,
+            y.max(&[0, 2, 3], true)?,
+            x.sum(&[0], false)?,
+            x.sum(&[], false)?,
+            y,
+        ])
+    });
+    agree("softmax and argmax of wide rows", |dev| {
+        let x = tensor(&[64, 1000], 10, dev);
+        Ok(vec![
+            x.log_softmax(1)?,
+            x.softmax(0)?,
+            x.argmax(1, false)?.cast(DType::F32)?,
+        ])
+    });
+}
+
+#[test]
+fn results_are_bitwise_reproducible() {
+    let dev = CpuBackend::device();
+    let run = || -> Vec<f32> {
+        let x = tensor(&[4, 16, 24, 24], 11, &dev)
+            .to_channels_last()
+            .unwrap()
+            .with_requires_grad(true);
+        let w = tensor(&[16, 16, 3, 3], 12, &dev).with_requires_grad(true);
+        let p = Conv2dParams {
+            padding: [1, 1],
+            ..Default::default()
+        };
+        let y = x.conv2d(&w, None, p).unwrap();
+        y.sum(&[0, 2, 3], false)
+            .unwrap()
+            .sum(&[], false)
+            .unwrap()
+            .backward()
+            .unwrap();
+        let mut all = w.grad().unwrap().to_vec::<f32>().unwrap();
+        all.extend(x.grad().unwrap().to_vec::<f32>().unwrap());
+        all.extend(y.sum(&[0, 2, 3], false).unwrap().to_vec::<f32>().unwrap());
+        all
+    };
+    let first = run();
+    for _ in 0..3 {
+        assert!(run()
+            .iter()
+            .zip(&first)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
