@@ -9,11 +9,31 @@ use serde_json::{json, Value};
 
 use crate::run;
 
+const INSTALL_TORCH: &str = "--vs pytorch needs PyTorch importable by `python3`: \
+    `pip install torch` (the CPU is all it uses)";
+
 #[derive(Subcommand)]
 pub enum Bench {
     /// Shard reads: a full scan through the reader API next to memcpy of the same bytes, and
     /// random record access (criterion, `benches/benches/shards.rs`).
     Shards(BenchArgs),
+    /// Op throughput in GFLOP/s — GEMM, 3×3 convolution (forward, forward+backward, NCHW and
+    /// channels-last), batch norm — on a backend, optionally next to PyTorch in the same run.
+    Ops(OpsArgs),
+}
+
+#[derive(Args)]
+pub struct OpsArgs {
+    /// The backend: `cpu`, or `wgpu` (the first adapter; adapter-sized rows, with the CPU
+    /// backend's same rows beside them).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "wgpu"])]
+    device: String,
+    /// Also write the results as JSON here: a list of {"name", "gflops", "pytorch_gflops"}.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Run the same rows in PyTorch (benches/pytorch/ops.py) in the same invocation.
+    #[arg(long, value_parser = ["pytorch"])]
+    vs: Option<String>,
 }
 
 #[derive(Args)]
@@ -26,6 +46,7 @@ pub struct BenchArgs {
 pub fn run(bench: Bench) -> Result<()> {
     match bench {
         Bench::Shards(args) => shards(args),
+        Bench::Ops(args) => ops(args),
     }
 }
 
@@ -138,4 +159,130 @@ fn read_criterion(dir: &Path, name: &'static str) -> Result<Measured> {
         median_ns,
         throughput,
     })
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
+}
+
+fn ops(args: OpsArgs) -> Result<()> {
+    let vs_pytorch = args.vs.is_some();
+    if vs_pytorch {
+        let ok = std::process::Command::new("python3")
+            .args(["-c", "import torch"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            anyhow::bail!("{INSTALL_TORCH}");
+        }
+    }
+    let ours_path = run::target_dir().join("bench-ops.json");
+    let mut cmd = run::cargo();
+    cmd.args([
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "redline-benches",
+        "--bin",
+        "bench-ops",
+    ]);
+    if args.device == "wgpu" {
+        cmd.args(["--features", "wgpu"]);
+    }
+    cmd.arg("--")
+        .args(["--device", &args.device])
+        .arg("--out")
+        .arg(&ours_path);
+    run::check(&mut cmd)?;
+    let ours = read_json(&ours_path)?;
+    let rows = ours["rows"].as_array().cloned().unwrap_or_default();
+    let names: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r["name"].as_str().map(String::from))
+        .collect();
+
+    let mut theirs: Vec<(String, f64)> = Vec::new();
+    if vs_pytorch {
+        let path = run::target_dir().join("bench-ops-pytorch.json");
+        eprintln!("PyTorch, same rows:");
+        let mut py = std::process::Command::new("python3");
+        py.current_dir(run::root())
+            .arg("benches/pytorch/ops.py")
+            .args(["--rows", &names.join(",")])
+            .arg("--out")
+            .arg(&path);
+        run::check(&mut py)?;
+        let report = read_json(&path)?;
+        for r in report["rows"].as_array().cloned().unwrap_or_default() {
+            if let (Some(n), Some(g)) = (r["name"].as_str(), r["gflops"].as_f64()) {
+                theirs.push((n.to_string(), g));
+            }
+        }
+    }
+    let pytorch = |name: &str| theirs.iter().find(|(n, _)| n == name).map(|(_, g)| *g);
+
+    let device = ours["device"].as_str().unwrap_or("?");
+    let wgpu = args.device == "wgpu";
+    println!("\nbench ops on {device} (GFLOP/s = counted FLOPs / median time; higher is better)");
+    print!("{:<32} {:>12}", "row", "redline");
+    if wgpu {
+        print!(" {:>12}", "redline cpu");
+    }
+    if vs_pytorch {
+        print!(" {:>12} {:>8}", "pytorch", "ratio");
+    }
+    println!();
+    let mut out = Vec::new();
+    for r in &rows {
+        let name = r["name"].as_str().unwrap_or("?");
+        let g = r["gflops"].as_f64().unwrap_or(f64::NAN);
+        print!("{name:<32} {g:>12.1}");
+        let mut row = json!({"name": name, "gflops": g, "pytorch_gflops": pytorch(name)});
+        if let Some(c) = r["cpu_gflops"].as_f64() {
+            print!(" {c:>12.1}");
+            row["cpu_gflops"] = json!(c);
+        }
+        if let Some(p) = pytorch(name) {
+            print!(" {p:>12.1} {:>7.2}x", g / p);
+        }
+        println!();
+        out.push(row);
+    }
+    if vs_pytorch && !wgpu {
+        summary(&rows, &pytorch);
+    }
+    if let Some(path) = args.json {
+        fs::write(
+            &path,
+            serde_json::to_string_pretty(&Value::Array(out))? + "\n",
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The issue's goals: GEMM 1024, and conv forward+backward with each side at its best layout.
+fn summary(rows: &[Value], pytorch: &dyn Fn(&str) -> Option<f64>) {
+    let ours = |name: &str| {
+        rows.iter()
+            .find(|r| r["name"] == name)
+            .and_then(|r| r["gflops"].as_f64())
+    };
+    let best = |f: &dyn Fn(&str) -> Option<f64>, stem: &str| {
+        ["nchw", "nhwc"]
+            .iter()
+            .filter_map(|l| f(&format!("{stem}_{l}")).map(|g| (g, *l)))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    if let (Some(a), Some(b)) = (ours("gemm_1024"), pytorch("gemm_1024")) {
+        println!("gemm_1024: {:.2}x PyTorch (goal >= 0.9x)", a / b);
+    }
+    let stem = "conv3x3_64_56_b8_fwdbwd";
+    if let (Some((a, la)), Some((b, lb))) = (best(&ours, stem), best(pytorch, stem)) {
+        println!("conv fwd+bwd, best layouts (redline {la}, PyTorch {lb}): {:.2}x PyTorch (goal >= 1.0x)", a / b);
+    }
 }

@@ -5,7 +5,7 @@
 //! policy for half types). A storage whose type *is* the compute type is read in place.
 
 use std::borrow::Cow;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use half::{bf16, f16};
 use redline_tensor::DType;
@@ -53,8 +53,53 @@ impl Buffer {
     }
 }
 
+/// Vectors below this many bytes are left to the system allocator.
+const RECYCLE_MIN_BYTES: usize = 1 << 16;
+/// At most this many freed vectors are kept per element type.
+const RECYCLE_MAX: usize = 64;
+
+/// `len` zeros. Large outputs reuse a freed vector of exactly that size when there is one: a
+/// training step allocates the same shapes every time, and a fresh multi-megabyte vector costs a
+/// page fault per 4 KiB on first touch — more than the op that fills it.
+pub(crate) fn zeros<E: Elem>(len: usize) -> Vec<E> {
+    if len * std::mem::size_of::<E>() >= RECYCLE_MIN_BYTES {
+        let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = free.iter().position(|v| v.capacity() == len) {
+            let mut v = free.swap_remove(i);
+            drop(free);
+            v.clear();
+            v.resize(len, E::default());
+            return v;
+        }
+    }
+    vec![E::default(); len]
+}
+
+/// Gives a large vector back for [`zeros`] to reuse.
+pub(crate) fn recycle<E: Elem>(v: Vec<E>) {
+    if v.capacity() * std::mem::size_of::<E>() >= RECYCLE_MIN_BYTES {
+        let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() >= RECYCLE_MAX {
+            free.remove(0);
+        }
+        free.push(v);
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let data = std::mem::replace(
+            self.0.get_mut().unwrap_or_else(|p| p.into_inner()),
+            Data::U8(Vec::new()),
+        );
+        with_data!(data, v => recycle(v))
+    }
+}
+
 /// A storage element type.
 pub(crate) trait Elem: Copy + Send + Sync + Default + 'static {
+    /// Freed large vectors of this type, for reuse (see [`zeros`]).
+    fn recycled() -> &'static Mutex<Vec<Vec<Self>>>;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
     fn wrap(v: Vec<Self>) -> Data;
@@ -65,6 +110,10 @@ pub(crate) trait Elem: Copy + Send + Sync + Default + 'static {
 macro_rules! elem {
     ($t:ty, $variant:ident, f64: |$b:ident| $to64:expr, from64: |$d:ident| $from64:expr) => {
         impl Elem for $t {
+            fn recycled() -> &'static Mutex<Vec<Vec<Self>>> {
+                static FREE: Mutex<Vec<Vec<$t>>> = Mutex::new(Vec::new());
+                &FREE
+            }
             #[inline(always)]
             fn to_f64(self) -> f64 {
                 let $b = self;
@@ -207,7 +256,7 @@ macro_rules! real {
     };
 }
 
-real!(f32, F32, matrixmultiply::sgemm);
+real!(f32, F32, crate::sgemm::sgemm_best);
 real!(f64, F64, matrixmultiply::dgemm);
 
 /// The compute type of a storage type: which of f32/f64 its kernels run in.
@@ -253,7 +302,7 @@ pub(crate) fn as_compute<C: Real>(data: &Data) -> Cow<'_, [C]> {
 
 /// Converts a slice element by element, on every core for large slices.
 pub(crate) fn convert_slice<A: Elem, B: Elem>(src: &[A]) -> Vec<B> {
-    let mut out = vec![B::default(); src.len()];
+    let mut out = zeros::<B>(src.len());
     parallel::chunks_mut(&mut out, 1 << 16, |start, chunk| {
         for (o, &s) in chunk.iter_mut().zip(&src[start..]) {
             *o = B::from_f64(s.to_f64());

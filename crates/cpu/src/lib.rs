@@ -16,6 +16,7 @@ mod arena;
 mod buffer;
 mod ops;
 mod parallel;
+mod sgemm;
 mod strided;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -15,7 +15,7 @@ use redline_tensor::backend::Conv2dParams;
 use redline_tensor::Layout;
 
 use crate::arena::{Arena, Pooled};
-use crate::buffer::{as_compute, from_compute, with_compute, Data, Real};
+use crate::buffer::{as_compute, from_compute, with_compute, zeros, Data, Real};
 use crate::ops::elementwise::dense;
 use crate::ops::matmul::{gemm_rows, Mat};
 use crate::parallel::{self, Disjoint};
@@ -114,6 +114,59 @@ impl Geom {
     }
 }
 
+impl Geom {
+    /// For a stride-1, ungrouped convolution whose padding allows it: the geometry of the
+    /// convolution that computes its input gradient (g ⋆ flipped kernel, padding d(k-1) - p).
+    fn transposed(&self) -> Option<Geom> {
+        if self.p.stride != [1, 1] || self.p.groups != 1 {
+            return None;
+        }
+        let [dh, dw] = self.p.dilation;
+        let ph = (dh * (self.kh - 1)).checked_sub(self.p.padding[0])?;
+        let pw = (dw * (self.kw - 1)).checked_sub(self.p.padding[1])?;
+        Some(Geom {
+            n: self.n,
+            c: self.o,
+            h: self.ho,
+            w: self.wo,
+            o: self.c,
+            kh: self.kh,
+            kw: self.kw,
+            ho: self.h,
+            wo: self.w,
+            p: Conv2dParams {
+                padding: [ph, pw],
+                ..self.p
+            },
+            cg: self.o,
+            og: self.c,
+        })
+    }
+}
+
+/// The GEMM matrix `[KH·KW·O, C]` of the flipped, transposed kernel:
+/// row `(ky, kx, o)`, column `c` holds `w[o, c, KH-1-ky, KW-1-kx]`.
+fn flipped_matrix<C: Real>(w: &[C], wl: &Layout) -> Vec<C> {
+    let s = wl.shape();
+    let (o, c, kh, kw) = (s[0], s[1], s[2], s[3]);
+    let mut out = zeros::<C>(o * c * kh * kw);
+    for ky in 0..kh {
+        for kx in 0..kw {
+            for oo in 0..o {
+                for cc in 0..c {
+                    let at = wl.offset()
+                        + oo * wl.strides()[0]
+                        + cc * wl.strides()[1]
+                        + (kh - 1 - ky) * wl.strides()[2]
+                        + (kw - 1 - kx) * wl.strides()[3];
+                    out[((ky * kw + kx) * o + oo) * c + cc] = w[at];
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The weight `[O, C/g, KH, KW]` as the GEMM matrix `[KH·KW·C/g, O]` (row-major).
 fn weight_matrix<'a, C: Real>(w: &'a [C], wl: &Layout) -> Cow<'a, [C]> {
     let s = wl.shape();
@@ -173,7 +226,7 @@ pub(crate) fn conv2d(
 fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], wmat: &[C]) -> Vec<C> {
     let (rows, k, o) = (g.pixels(), g.k(), g.o);
     let tile = g.tile_rows::<C>();
-    let mut y = vec![C::ZERO; rows * o];
+    let mut y = zeros::<C>(rows * o);
     let out = Disjoint::new(&mut y);
     tiles(rows, tile, |_, range| {
         let mut cols = arena.take::<C>(if g.pointwise() { 0 } else { tile * k });
@@ -221,7 +274,12 @@ pub(crate) fn conv2d_input_grad(
     with_compute!(gy.dtype(), C => {
         let g = Geom::new(out.shape(), wl.shape(), gl.shape(), p);
         let (gs, ws) = (as_compute::<C>(gy), as_compute::<C>(w));
-        let dx = input_grad::<C>(arena, &g, &nhwc(&gs, gl), &weight_matrix(&ws, wl));
+        let dx = match g.transposed() {
+            // Stride 1, one group: the gradient is itself a convolution — of g by the flipped,
+            // transposed kernel — so it runs on the forward path (no col2im scatter).
+            Some(t) => forward::<C>(arena, &t, &nhwc(&gs, gl), &flipped_matrix(&ws, wl)),
+            None => input_grad::<C>(arena, &g, &nhwc(&gs, gl), &weight_matrix(&ws, wl)),
+        };
         finish(gy.dtype(), dx, out)
     })
 }
@@ -229,7 +287,7 @@ pub(crate) fn conv2d_input_grad(
 fn input_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, gy: &[C], wmat: &[C]) -> Vec<C> {
     let (rows, k, o, c) = (g.pixels(), g.k(), g.o, g.c);
     let tile = g.tile_rows::<C>();
-    let mut dx = vec![C::ZERO; g.n * g.h * g.w * c];
+    let mut dx = zeros::<C>(g.n * g.h * g.w * c);
     let out = Disjoint::new(&mut dx);
     // wmatᵀ of group grp: [og, k].
     let wt = |grp: usize| Mat {
@@ -337,7 +395,7 @@ fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> 
     let tile = g.tile_rows::<C>();
     let count = rows.div_ceil(tile);
     let parts = parallel::parts_for(count, 1);
-    let mut partials = vec![C::ZERO; parts * k * o];
+    let mut partials = zeros::<C>(parts * k * o);
     let out = Disjoint::new(&mut partials);
     parallel::for_parts(count, parts, |part, range| {
         // SAFETY: each part owns its own partial.

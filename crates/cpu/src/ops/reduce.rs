@@ -9,7 +9,7 @@ use redline_tensor::backend::ReduceOp;
 use redline_tensor::Layout;
 
 use crate::buffer::{as_compute, from_compute, with_compute, Data, Elem, Real};
-use crate::parallel;
+use crate::parallel::{self, Disjoint};
 use crate::strided::Plan;
 
 /// Elements of the walk per chunk (a fixed constant: chunking never depends on the machine).
@@ -81,9 +81,11 @@ fn walk<C: Real, A: Copy + Send + Sync>(
         return acc;
     }
     let mut partials = vec![init; chunks * out_len];
-    parallel::chunks_mut(&mut partials, out_len.max(1), |start, part| {
-        for (i, acc) in part.chunks_mut(out_len).enumerate() {
-            run_chunk(start / out_len + i, acc);
+    let slots = Disjoint::new(&mut partials);
+    parallel::for_parts(chunks, parallel::parts_for(chunks, 1), |_, range| {
+        for c in range {
+            // SAFETY: chunk c owns partials[c * out_len..(c + 1) * out_len].
+            run_chunk(c, unsafe { slots.slice(c * out_len..(c + 1) * out_len) });
         }
     });
     let mut acc = vec![init; out_len];

@@ -1,0 +1,351 @@
+//! f32 GEMM with an AVX-512 micro-kernel, for CPUs that have AVX-512F.
+//!
+//! matrixmultiply's kernels are AVX2 (8 lanes); on an AVX-512 core with full-width FMA units
+//! that is half the peak. This is the classic packed GEMM (BLIS's loop nest): B is packed into
+//! 32-column panels of `KC` rows (a micro-panel stays in L1), A into 12-row panels of an
+//! `MC × KC` block (in L2), and a 12×32 register tile — 24 zmm accumulators — does the FMAs.
+//! Edges are zero-padded in the packs and written back through masks. Single-threaded: the
+//! callers split rows across threads.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+const MR: usize = 12;
+const NR: usize = 32;
+const KC: usize = 256;
+const MC: usize = MR * 12;
+
+/// Whether this CPU runs the AVX-512 kernel (checked once).
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            std::env::var_os("REDLINE_CPU_NO_AVX512").is_none()
+                && is_x86_feature_detected!("avx512f")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+thread_local! {
+    /// Per-thread packing buffers (A block, B block), reused across calls.
+    static PACKS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `c = a·b + beta·c` for strided `a [m, k]`, `b [k, n]`, `c [m, n]`.
+///
+/// # Safety
+/// As `matrixmultiply::sgemm`: the pointers and strides address valid, non-overlapping matrices;
+/// and [`available`] must be true.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    [rsa, csa]: [isize; 2],
+    b: *const f32,
+    [rsb, csb]: [isize; 2],
+    beta: f32,
+    c: *mut f32,
+    [rsc, csc]: [isize; 2],
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    PACKS.with(|packs| {
+        let (pa, pb) = &mut *packs.borrow_mut();
+        let n_panels = n.div_ceil(NR);
+        let kc_max = k.clamp(1, KC);
+        pb.resize(n_panels * NR * kc_max, 0.0);
+        pa.resize(MC * kc_max, 0.0);
+        if k == 0 {
+            // Nothing to multiply: c = beta · c.
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: within c's matrix (caller's contract).
+                    unsafe {
+                        let at = c.offset(i as isize * rsc + j as isize * csc);
+                        *at = if beta == 0.0 { 0.0 } else { beta * *at };
+                    }
+                }
+            }
+            return;
+        }
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            // SAFETY: reads within b's matrix.
+            unsafe { pack_b(pb, b, rsb, csb, k0, kc, n) };
+            // The first K block applies beta; later ones accumulate.
+            let beta = if k0 == 0 { beta } else { 1.0 };
+            for i0 in (0..m).step_by(MC) {
+                let mc = MC.min(m - i0);
+                // SAFETY: reads within a's matrix.
+                unsafe { pack_a(pa, a, rsa, csa, i0, mc, k0, kc) };
+                for jp in 0..n_panels {
+                    let cols = NR.min(n - jp * NR);
+                    for ip in 0..mc.div_ceil(MR) {
+                        let rows = MR.min(mc - ip * MR);
+                        // SAFETY: packs sized above; the tile lies within c.
+                        unsafe {
+                            kernel(
+                                kc,
+                                pa.as_ptr().add(ip * MR * kc),
+                                pb.as_ptr().add(jp * NR * kc),
+                                c.offset((i0 + ip * MR) as isize * rsc + (jp * NR) as isize * csc),
+                                rsc,
+                                csc,
+                                beta,
+                                rows,
+                                cols,
+                            )
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// B rows `k0..k0+kc` into `NR`-column panels, k-major, zero-padded past `n`.
+unsafe fn pack_b(
+    pb: &mut [f32],
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    k0: usize,
+    kc: usize,
+    n: usize,
+) {
+    for jp in 0..n.div_ceil(NR) {
+        let panel = &mut pb[jp * NR * kc..(jp + 1) * NR * kc];
+        let cols = NR.min(n - jp * NR);
+        for p in 0..kc {
+            let row = &mut panel[p * NR..(p + 1) * NR];
+            // SAFETY: (k0 + p, jp·NR + j) is inside b for j < cols.
+            let src = unsafe { b.offset((k0 + p) as isize * rsb + (jp * NR) as isize * csb) };
+            if csb == 1 {
+                // SAFETY: as above, `cols` contiguous elements.
+                row[..cols].copy_from_slice(unsafe { std::slice::from_raw_parts(src, cols) });
+            } else {
+                for (j, v) in row[..cols].iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    *v = unsafe { *src.offset(j as isize * csb) };
+                }
+            }
+            row[cols..].fill(0.0);
+        }
+    }
+}
+
+/// A rows `i0..i0+mc`, columns `k0..k0+kc` into `MR`-row panels, k-major, zero-padded.
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_a(
+    pa: &mut [f32],
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    i0: usize,
+    mc: usize,
+    k0: usize,
+    kc: usize,
+) {
+    for ip in 0..mc.div_ceil(MR) {
+        let panel = &mut pa[ip * MR * kc..(ip + 1) * MR * kc];
+        let rows = MR.min(mc - ip * MR);
+        for i in 0..MR {
+            if i >= rows {
+                for p in 0..kc {
+                    panel[p * MR + i] = 0.0;
+                }
+                continue;
+            }
+            // SAFETY: row i0 + ip·MR + i, columns k0.. are inside a.
+            let src = unsafe { a.offset((i0 + ip * MR + i) as isize * rsa + k0 as isize * csa) };
+            for p in 0..kc {
+                // SAFETY: as above.
+                panel[p * MR + i] = unsafe { *src.offset(p as isize * csa) };
+            }
+        }
+    }
+}
+
+/// The 12×32 register tile: `c[rows, cols] = acc + beta · c`.
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+    beta: f32,
+    rows: usize,
+    cols: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for p in 0..kc {
+        // SAFETY: the packs hold kc·MR and kc·NR elements.
+        let (b0, b1) = unsafe {
+            (
+                _mm512_loadu_ps(b.add(p * NR)),
+                _mm512_loadu_ps(b.add(p * NR + 16)),
+            )
+        };
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let ai = _mm512_set1_ps(unsafe { *a.add(p * MR + i) });
+            row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
+            row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
+        }
+    }
+    if csc == 1 {
+        let masks = [lane_mask(cols), lane_mask(cols.saturating_sub(16))];
+        for (i, row) in acc.iter().enumerate().take(rows) {
+            for (h, &mask) in masks.iter().enumerate() {
+                // SAFETY: the masked lanes are inside c's row i.
+                unsafe {
+                    let at = c.offset(i as isize * rsc).add(h * 16);
+                    let v = if beta == 0.0 {
+                        row[h]
+                    } else {
+                        let old = _mm512_maskz_loadu_ps(mask, at);
+                        _mm512_fmadd_ps(_mm512_set1_ps(beta), old, row[h])
+                    };
+                    _mm512_mask_storeu_ps(at, mask, v);
+                }
+            }
+        }
+    } else {
+        let mut tile = [0.0f32; NR];
+        for (i, row) in acc.iter().enumerate().take(rows) {
+            // SAFETY: a local array of NR lanes.
+            unsafe {
+                _mm512_storeu_ps(tile.as_mut_ptr(), row[0]);
+                _mm512_storeu_ps(tile.as_mut_ptr().add(16), row[1]);
+            }
+            for (j, &v) in tile.iter().enumerate().take(cols) {
+                // SAFETY: (i, j) is inside c.
+                unsafe {
+                    let at = c.offset(i as isize * rsc + j as isize * csc);
+                    *at = if beta == 0.0 { v } else { v + beta * *at };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn lane_mask(lanes: usize) -> __mmask16 {
+    if lanes >= 16 {
+        0xFFFF
+    } else {
+        ((1u32 << lanes) - 1) as __mmask16
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel(
+    _: usize,
+    _: *const f32,
+    _: *const f32,
+    _: *mut f32,
+    _: isize,
+    _: isize,
+    _: f32,
+    _: usize,
+    _: usize,
+) {
+    unreachable!("available() is false off x86_64")
+}
+
+/// matrixmultiply's `sgemm` signature, on the AVX-512 kernel when this CPU has it.
+///
+/// # Safety
+/// As `matrixmultiply::sgemm`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_best(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    beta: f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        if alpha == 1.0 && available() {
+            sgemm(m, k, n, a, [rsa, csa], b, [rsb, csb], beta, c, [rsc, csc]);
+        } else {
+            matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_a_plain_triple_loop_on_ragged_shapes() {
+        if !available() {
+            eprintln!("no AVX-512 on this CPU: kernel not exercised");
+            return;
+        }
+        for (m, k, n) in [
+            (1, 1, 1),
+            (13, 7, 33),
+            (150, 300, 70),
+            (12, 256, 32),
+            (5, 600, 3),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0)
+                .collect();
+            let mut c = vec![1.0f32; m * n];
+            // b transposed in memory (column stride k), c accumulating (beta = 1).
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            unsafe {
+                sgemm(
+                    m,
+                    k,
+                    n,
+                    a.as_ptr(),
+                    [k as isize, 1],
+                    bt.as_ptr(),
+                    [1, k as isize],
+                    1.0,
+                    c.as_mut_ptr(),
+                    [n as isize, 1],
+                );
+            }
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f32 = 1.0 + (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
+                    let got = c[i * n + j];
+                    assert!(
+                        (got - want).abs() <= 1e-3 * want.abs().max(1.0),
+                        "({m},{k},{n})[{i},{j}] {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
