@@ -244,7 +244,7 @@ pub fn place_record(pos: u64, length: u64, page: u64) -> u64 {
 /// Whether a record at `offset` of `length` bytes obeys the placement rule.
 pub fn placement_ok(offset: u64, length: u64, page: u64) -> bool {
     if length > page {
-        offset % page == 0
+        offset.is_multiple_of(page)
     } else {
         length == 0 || offset / page == (offset + length - 1) / page
     }
