@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use redline_tensor::backend::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, NnOp, Op, OtherOp, Pool2dParams,
-    ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
+    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, Op, Pool2dParams, ReduceOp,
+    ScalerParams, SgdParams, Storage, UnaryOp, View,
 };
 use redline_tensor::{DType, Device, Layout, Result, TensorError};
 
@@ -86,19 +86,9 @@ impl Backend for CpuBackend {
         self.id
     }
 
-    /// The reference's matrix: every op on the float types; on integers, exact arithmetic,
-    /// comparisons, selection, reductions (no u8 sum: PyTorch promotes it), copies and indexing.
+    /// The reference's matrix (`redline_tensor::reference::host_matrix`).
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        if dtype.is_float() {
-            return true;
-        }
-        match op {
-            Op::Unary(_) | Op::Optim(_) => false,
-            Op::Nn(n) => n == NnOp::Gather || (n == NnOp::ScatterAdd && dtype != DType::U8),
-            Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow),
-            Op::Reduce(r) => !(r == ReduceOp::Sum && dtype == DType::U8),
-            Op::Other(o) => o != OtherOp::Matmul,
-        }
+        redline_tensor::reference::host_matrix(op, dtype)
     }
 
     fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<Storage> {

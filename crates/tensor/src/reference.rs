@@ -91,6 +91,23 @@ impl Reference {
     }
 }
 
+/// The (op, dtype) matrix of the host backends (the reference and `redline-cpu`): every op on the
+/// float types; on integers, exact arithmetic, comparisons, selection, reductions, copies and
+/// indexing. A u8 sum would overflow (PyTorch promotes it to i64): cast first.
+pub fn host_matrix(op: Op, dtype: DType) -> bool {
+    if dtype.is_float() {
+        return true;
+    }
+    match op {
+        Op::Unary(_) | Op::Optim(_) => false,
+        // Indexing works on any dtype; the rest of the nn family needs floats.
+        Op::Nn(n) => matches!(n, NnOp::Gather) || (n == NnOp::ScatterAdd && dtype != DType::U8),
+        Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow),
+        Op::Reduce(r) => !(r == ReduceOp::Sum && dtype == DType::U8),
+        Op::Other(o) => o != OtherOp::Matmul,
+    }
+}
+
 impl Backend for Reference {
     fn name(&self) -> String {
         "reference".into()
@@ -101,19 +118,7 @@ impl Backend for Reference {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        if dtype.is_float() {
-            return true;
-        }
-        // Integers: exact arithmetic, comparisons, selection, reductions and copies. A u8 sum
-        // would overflow (PyTorch promotes it to i64): cast first.
-        match op {
-            Op::Unary(_) | Op::Optim(_) => false,
-            // Indexing works on any dtype; the rest of the nn family needs floats.
-            Op::Nn(n) => matches!(n, NnOp::Gather) || (n == NnOp::ScatterAdd && dtype != DType::U8),
-            Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow),
-            Op::Reduce(r) => !(r == ReduceOp::Sum && dtype == DType::U8),
-            Op::Other(o) => o != OtherOp::Matmul,
-        }
+        host_matrix(op, dtype)
     }
 
     fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<Storage> {
