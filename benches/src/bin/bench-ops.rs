@@ -1,4 +1,4 @@
-//! `bench-ops --device cpu|wgpu --out PATH`: runs the op benchmark rows (`redline_benches::ops`)
+//! `bench-ops --device cpu|wgpu --out PATH [--only ROW]`: runs the op benchmark rows (`redline_benches::ops`)
 //! and writes the results as JSON. On wgpu it runs the adapter-sized rows on the adapter and the
 //! same rows on the CPU backend, in the same run. `cargo xtask bench ops` drives it.
 
@@ -19,10 +19,11 @@ fn main() -> ExitCode {
     };
     let device = flag("--device").unwrap_or_else(|| "cpu".into());
     let Some(out) = flag("--out") else {
-        eprintln!("usage: bench-ops --device cpu|wgpu --out PATH");
+        eprintln!("usage: bench-ops --device cpu|wgpu --out PATH [--only ROW]");
         return ExitCode::from(2);
     };
-    match run(&device, &out) {
+    let only = flag("--only");
+    match run(&device, &out, only.as_deref()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench-ops: {e}");
@@ -31,7 +32,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(device: &str, out: &str) -> std::result::Result<(), String> {
+fn run(device: &str, out: &str, only: Option<&str>) -> std::result::Result<(), String> {
     let cpu = redline_cpu::CpuBackend::device();
     let report = match device {
         "cpu" => {
@@ -39,15 +40,15 @@ fn run(device: &str, out: &str) -> std::result::Result<(), String> {
                 "cpu backend, {} threads",
                 redline_cpu::CpuBackend::threads()
             );
-            let results = run_rows(&cpu, false, Budget::Time(Duration::from_secs(2)))?;
+            let results = run_rows(&cpu, false, only, Budget::Time(Duration::from_secs(2)))?;
             json!({"device": cpu.name(), "threads": redline_cpu::CpuBackend::threads(), "rows": rows_json(&results, None)})
         }
         "wgpu" => {
             let gpu = wgpu_device()?;
             eprintln!("wgpu adapter {}", gpu.name());
             // A software adapter runs at ~0.3 GFLOP/s: small rows, a fixed number of iterations.
-            let on_gpu = run_rows(&gpu, true, Budget::Iterations(3))?;
-            let on_cpu = run_rows(&cpu, true, Budget::Time(Duration::from_secs(1)))?;
+            let on_gpu = run_rows(&gpu, true, only, Budget::Iterations(3))?;
+            let on_cpu = run_rows(&cpu, true, only, Budget::Time(Duration::from_secs(1)))?;
             json!({"device": gpu.name(), "rows": rows_json(&on_gpu, Some(&on_cpu))})
         }
         other => return Err(format!("unknown device {other:?} (cpu or wgpu)")),
@@ -59,10 +60,12 @@ fn run(device: &str, out: &str) -> std::result::Result<(), String> {
 fn run_rows(
     dev: &Device,
     small: bool,
+    only: Option<&str>,
     budget: Budget,
 ) -> std::result::Result<Vec<Measured>, String> {
     rows(small)
         .iter()
+        .filter(|row| only.is_none_or(|o| row.name == o))
         .map(|row| -> Result<Measured> {
             let m = measure(row, dev, budget)?;
             eprintln!(

@@ -75,6 +75,21 @@ pub(crate) fn zeros<E: Elem>(len: usize) -> Vec<E> {
     vec![E::default(); len]
 }
 
+/// `len` elements that the caller overwrites completely: a recycled vector as it is (no fill
+/// pass), else fresh pages.
+pub(crate) fn overwritten<E: Elem>(len: usize) -> Vec<E> {
+    if len * std::mem::size_of::<E>() >= RECYCLE_MIN_BYTES {
+        let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = free.iter().position(|v| v.capacity() == len) {
+            let mut v = free.swap_remove(i);
+            // Stale values of the same type: initialised, and every one is about to be replaced.
+            v.resize(len, E::default());
+            return v;
+        }
+    }
+    vec![E::default(); len]
+}
+
 /// Gives a large vector back for [`zeros`] to reuse.
 pub(crate) fn recycle<E: Elem>(v: Vec<E>) {
     if v.capacity() * std::mem::size_of::<E>() >= RECYCLE_MIN_BYTES {

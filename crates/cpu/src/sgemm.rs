@@ -83,25 +83,41 @@ pub(crate) unsafe fn sgemm(
             let beta = if k0 == 0 { beta } else { 1.0 };
             for i0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - i0);
+                // Row-major A is read in place by the kernel (12 streams, one per row); only a
+                // ragged last panel is packed (zero-padded). Other A layouts are packed whole.
+                let direct = csa == 1;
+                let full = if direct { mc / MR } else { 0 };
                 // SAFETY: reads within a's matrix.
-                unsafe { pack_a(pa, a, rsa, csa, i0, mc, k0, kc) };
+                unsafe { pack_a(pa, a, rsa, csa, i0 + full * MR, mc - full * MR, k0, kc) };
                 for jp in 0..n_panels {
                     let cols = NR.min(n - jp * NR);
+                    let b_panel = pb[jp * NR * kc..].as_ptr();
                     for ip in 0..mc.div_ceil(MR) {
                         let rows = MR.min(mc - ip * MR);
-                        // SAFETY: packs sized above; the tile lies within c.
+                        let row0 = i0 + ip * MR;
+                        // SAFETY: packs sized above; the tile lies within c; direct rows lie in a.
                         unsafe {
-                            kernel(
-                                kc,
-                                pa.as_ptr().add(ip * MR * kc),
-                                pb.as_ptr().add(jp * NR * kc),
-                                c.offset((i0 + ip * MR) as isize * rsc + (jp * NR) as isize * csc),
-                                rsc,
-                                csc,
-                                beta,
-                                rows,
-                                cols,
-                            )
+                            let c_tile = c.offset(row0 as isize * rsc + (jp * NR) as isize * csc);
+                            if ip < full {
+                                let a_rows = a.offset(row0 as isize * rsa + k0 as isize);
+                                kernel::<true>(
+                                    kc,
+                                    a_rows,
+                                    rsa as usize,
+                                    b_panel,
+                                    c_tile,
+                                    rsc,
+                                    csc,
+                                    beta,
+                                    rows,
+                                    cols,
+                                );
+                            } else {
+                                let a_panel = pa.as_ptr().add((ip - full) * MR * kc);
+                                kernel::<false>(
+                                    kc, a_panel, 0, b_panel, c_tile, rsc, csc, beta, rows, cols,
+                                );
+                            }
                         }
                     }
                 }
@@ -156,6 +172,17 @@ unsafe fn pack_a(
     for ip in 0..mc.div_ceil(MR) {
         let panel = &mut pa[ip * MR * kc..(ip + 1) * MR * kc];
         let rows = MR.min(mc - ip * MR);
+        if rsa == 1 {
+            // Column-major A (a transposed operand): each k step is `rows` contiguous values.
+            for p in 0..kc {
+                let dst = &mut panel[p * MR..(p + 1) * MR];
+                // SAFETY: rows i0 + ip·MR.., column k0 + p are inside a.
+                let src = unsafe { a.offset((i0 + ip * MR) as isize + (k0 + p) as isize * csa) };
+                dst[..rows].copy_from_slice(unsafe { std::slice::from_raw_parts(src, rows) });
+                dst[rows..].fill(0.0);
+            }
+            continue;
+        }
         for i in 0..MR {
             if i >= rows {
                 for p in 0..kc {
@@ -173,13 +200,15 @@ unsafe fn pack_a(
     }
 }
 
-/// The 12×32 register tile: `c[rows, cols] = acc + beta · c`.
+/// The 12×32 register tile: `c[rows, cols] = acc + beta · c`. A element (i, p) is at
+/// `a[i·lda + p]` when `DIRECT` (row-major, read in place), else `a[p·MR + i]` (a packed panel).
 #[allow(clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel(
+unsafe fn kernel<const DIRECT: bool>(
     kc: usize,
     a: *const f32,
+    lda: usize,
     b: *const f32,
     c: *mut f32,
     rsc: isize,
@@ -198,8 +227,9 @@ unsafe fn kernel(
             )
         };
         for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: as above.
-            let ai = _mm512_set1_ps(unsafe { *a.add(p * MR + i) });
+            let at = if DIRECT { i * lda + p } else { p * MR + i };
+            // SAFETY: as above (direct: row i of a has kc elements from here).
+            let ai = _mm512_set1_ps(unsafe { *a.add(at) });
             row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
             row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
         }
@@ -306,44 +336,58 @@ mod tests {
             eprintln!("no AVX-512 on this CPU: kernel not exercised");
             return;
         }
-        for (m, k, n) in [
+        let shapes = [
             (1, 1, 1),
             (13, 7, 33),
             (150, 300, 70),
             (12, 256, 32),
             (5, 600, 3),
-        ] {
+            (300, 40, 64),
+        ];
+        for (m, k, n) in shapes {
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
                 .collect();
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0)
                 .collect();
-            let mut c = vec![1.0f32; m * n];
-            // b transposed in memory (column stride k), c accumulating (beta = 1).
+            // b transposed in memory (column stride k); a row-major (read in place) or
+            // column-major (packed); c accumulating (beta = 1).
             let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
-            unsafe {
-                sgemm(
-                    m,
-                    k,
-                    n,
-                    a.as_ptr(),
-                    [k as isize, 1],
-                    bt.as_ptr(),
-                    [1, k as isize],
-                    1.0,
-                    c.as_mut_ptr(),
-                    [n as isize, 1],
-                );
-            }
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f32 = 1.0 + (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
-                    let got = c[i * n + j];
-                    assert!(
-                        (got - want).abs() <= 1e-3 * want.abs().max(1.0),
-                        "({m},{k},{n})[{i},{j}] {got} vs {want}"
+            let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+            for a_column_major in [false, true] {
+                let mut c = vec![1.0f32; m * n];
+                let (ap, strides) = if a_column_major {
+                    (at.as_ptr(), [1, m as isize])
+                } else {
+                    (a.as_ptr(), [k as isize, 1])
+                };
+                unsafe {
+                    sgemm(
+                        m,
+                        k,
+                        n,
+                        ap,
+                        strides,
+                        bt.as_ptr(),
+                        [1, k as isize],
+                        1.0,
+                        c.as_mut_ptr(),
+                        [n as isize, 1],
                     );
+                }
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f32 =
+                            1.0 + (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
+                        let got = c[i * n + j];
+                        let what =
+                            format!("({m},{k},{n}) a_column_major={a_column_major} [{i},{j}]");
+                        assert!(
+                            (got - want).abs() <= 1e-3 * want.abs().max(1.0),
+                            "{what}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

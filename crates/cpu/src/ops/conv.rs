@@ -15,7 +15,7 @@ use redline_tensor::backend::Conv2dParams;
 use redline_tensor::Layout;
 
 use crate::arena::{Arena, Pooled};
-use crate::buffer::{as_compute, from_compute, with_compute, zeros, Data, Real};
+use crate::buffer::{as_compute, from_compute, overwritten, with_compute, zeros, Data, Real};
 use crate::ops::elementwise::dense;
 use crate::ops::matmul::{gemm_rows, Mat};
 use crate::parallel::{self, Disjoint};
@@ -226,7 +226,7 @@ pub(crate) fn conv2d(
 fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], wmat: &[C]) -> Vec<C> {
     let (rows, k, o) = (g.pixels(), g.k(), g.o);
     let tile = g.tile_rows::<C>();
-    let mut y = zeros::<C>(rows * o);
+    let mut y = overwritten::<C>(rows * o);
     let out = Disjoint::new(&mut y);
     tiles(rows, tile, |_, range| {
         let mut cols = arena.take::<C>(if g.pointwise() { 0 } else { tile * k });

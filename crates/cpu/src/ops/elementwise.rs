@@ -6,7 +6,9 @@ use std::borrow::Cow;
 use redline_tensor::backend::{BinaryOp, UnaryOp};
 use redline_tensor::{scalar, DType, Layout, Result, TensorError};
 
-use crate::buffer::{as_compute, from_compute, with_compute, with_data, zeros, Data, Elem, Real};
+use crate::buffer::{
+    as_compute, from_compute, overwritten, with_compute, with_data, Data, Elem, Real,
+};
 use crate::parallel;
 use crate::strided::Plan;
 
@@ -21,7 +23,7 @@ pub(crate) fn map<C: Real, const M: usize>(
     f: impl Fn([C; M]) -> C + Sync,
 ) -> Vec<C> {
     let plan = Plan::new(layouts);
-    let mut out = zeros::<C>(layouts[0].storage_extent().max(plan.numel()));
+    let mut out = overwritten::<C>(layouts[0].storage_extent().max(plan.numel()));
     let inner = plan.inner();
     parallel::chunks_mut(&mut out, MIN_PER_PART, |start, chunk| {
         let mut at = 0;
@@ -187,7 +189,7 @@ pub(crate) fn select(
 /// Same-type strided copy: exact for every dtype (an i64 above 2^53 stays itself).
 fn relayout<E: Elem>(src: &[E], from: &Layout, to: &Layout) -> Vec<E> {
     let plan = Plan::new([to, from]);
-    let mut out = zeros::<E>(to.storage_extent().max(plan.numel()));
+    let mut out = overwritten::<E>(to.storage_extent().max(plan.numel()));
     let inner = plan.inner();
     parallel::chunks_mut(&mut out, MIN_PER_PART, |start, chunk| {
         let mut at = 0;

@@ -7,7 +7,7 @@
 
 use redline_tensor::Layout;
 
-use crate::buffer::{as_compute, from_compute, with_compute, zeros, Data, Real};
+use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Real};
 use crate::parallel::{self, Disjoint};
 
 /// Rows per task below which a GEMM is not split further.
@@ -98,7 +98,7 @@ fn batched<C: Real>(x: &[C], al: &Layout, y: &[C], bl: &Layout) -> Vec<C> {
         )
     };
     let (ab, bb) = (batch_of(al), batch_of(bl));
-    let mut out = zeros::<C>(batches * m * n);
+    let mut out = overwritten::<C>(batches * m * n);
     // Tasks: (batch, row block). Few large matrices split their rows; many small ones don't.
     let blocks = if batches >= parallel::threads() {
         1

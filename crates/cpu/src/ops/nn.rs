@@ -2,7 +2,9 @@
 
 use redline_tensor::{scalar, DType, Layout, Result, TensorError};
 
-use crate::buffer::{as_compute, from_compute, with_compute, with_data, zeros, Data, Elem, Real};
+use crate::buffer::{
+    as_compute, from_compute, overwritten, with_compute, with_data, Data, Elem, Real,
+};
 use crate::ops::elementwise::{dense, map};
 use crate::parallel::{self, Disjoint};
 
@@ -15,7 +17,7 @@ pub(crate) fn softmax(x: &Data, xl: &Layout, axis: usize, log: bool, out: &Layou
     with_compute!(x.dtype(), C => {
         let src = as_compute::<C>(x);
         let xs = dense(&src, xl, &row_major);
-        let mut y = zeros::<C>(xs.len());
+        let mut y = overwritten::<C>(xs.len());
         let block = n * inner;
         let ys = Disjoint::new(&mut y);
         parallel::for_parts(outer, parallel::parts_for(outer * block, 1 << 14), |_, range| {
@@ -97,7 +99,7 @@ pub(crate) fn gather(
         xl: &Layout,
         axis: usize,
     ) -> Vec<E> {
-        let mut out = zeros::<E>(idx.len());
+        let mut out = overwritten::<E>(idx.len());
         parallel::chunks_mut(&mut out, 1 << 14, |start, chunk| {
             for (i, o) in chunk.iter_mut().enumerate() {
                 let p = start + i;

@@ -4,7 +4,7 @@
 use redline_tensor::backend::Pool2dParams;
 use redline_tensor::Layout;
 
-use crate::buffer::{as_compute, from_compute, with_compute, zeros, Data, Real};
+use crate::buffer::{as_compute, from_compute, overwritten, with_compute, zeros, Data, Real};
 use crate::ops::elementwise::dense;
 use crate::parallel::{self, Disjoint};
 
@@ -74,7 +74,7 @@ pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) 
     let per_out = plane.ho * plane.wo;
     with_compute!(x.dtype(), C => {
         let src = as_compute::<C>(x);
-        let mut values = zeros::<C>(s[0] * s[1] * per_out);
+        let mut values = overwritten::<C>(s[0] * s[1] * per_out);
         let mut at = vec![0i64; values.len()];
         let (vo, ao) = (Disjoint::new(&mut values), Disjoint::new(&mut at));
         planes(xl, |i, base| {
@@ -112,7 +112,7 @@ pub(crate) fn avg_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) 
     let per_out = plane.ho * plane.wo;
     with_compute!(x.dtype(), C => {
         let src = as_compute::<C>(x);
-        let mut values = zeros::<C>(s[0] * s[1] * per_out);
+        let mut values = overwritten::<C>(s[0] * s[1] * per_out);
         let vo = Disjoint::new(&mut values);
         let area: C = plane.area();
         planes(xl, |i, base| {
