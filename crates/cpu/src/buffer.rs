@@ -178,6 +178,10 @@ pub(crate) trait Real:
     /// The storage's elements, if they already are this type.
     fn borrow(data: &Data) -> Option<&[Self]>;
     fn borrow_mut(data: &mut Data) -> Option<&mut Vec<Self>>;
+    /// These values as f32, when `Self` is f32 (the kernels that exist only for f32).
+    fn as_f32(values: &[Self]) -> Option<&[f32]>;
+    /// f32 results as `Self`.
+    fn from_f32s(values: Vec<f32>) -> Vec<Self>;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
@@ -207,7 +211,7 @@ pub(crate) trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident, $gemm:path) => {
+    ($t:ty, $variant:ident, $gemm:path, |$v:ident| $as_f32:expr, |$w:ident| $from_f32s:expr) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -226,6 +230,12 @@ macro_rules! real {
                     Data::$variant(v) => Some(v),
                     _ => None,
                 }
+            }
+            fn as_f32($v: &[Self]) -> Option<&[f32]> {
+                $as_f32
+            }
+            fn from_f32s($w: Vec<f32>) -> Vec<Self> {
+                $from_f32s
             }
             #[inline(always)]
             fn exp(self) -> Self {
@@ -271,8 +281,11 @@ macro_rules! real {
     };
 }
 
-real!(f32, F32, crate::sgemm::sgemm_best);
-real!(f64, F64, matrixmultiply::dgemm);
+real!(f32, F32, crate::sgemm::sgemm_best, |v| Some(v), |v| v);
+real!(f64, F64, matrixmultiply::dgemm, |_v| None, |v| v
+    .into_iter()
+    .map(f64::from)
+    .collect());
 
 /// The compute type of a storage type: which of f32/f64 its kernels run in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

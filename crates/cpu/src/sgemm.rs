@@ -100,24 +100,141 @@ pub(crate) unsafe fn sgemm(
                             let c_tile = c.offset(row0 as isize * rsc + (jp * NR) as isize * csc);
                             if ip < full {
                                 let a_rows = a.offset(row0 as isize * rsa + k0 as isize);
-                                kernel::<true>(
-                                    kc,
-                                    a_rows,
-                                    rsa as usize,
-                                    b_panel,
-                                    c_tile,
-                                    rsc,
-                                    csc,
-                                    beta,
-                                    rows,
-                                    cols,
-                                );
+                                let a = ASrc {
+                                    ptr: a_rows,
+                                    lda: rsa as usize,
+                                    taps: &[0],
+                                    run: kc,
+                                };
+                                kernel::<true>(a, b_panel, c_tile, rsc, csc, beta, rows, cols);
                             } else {
                                 let a_panel = pa.as_ptr().add((ip - full) * MR * kc);
-                                kernel::<false>(
-                                    kc, a_panel, 0, b_panel, c_tile, rsc, csc, beta, rows, cols,
-                                );
+                                let a = ASrc {
+                                    ptr: a_panel,
+                                    lda: 0,
+                                    taps: &[0],
+                                    run: kc,
+                                };
+                                kernel::<false>(a, b_panel, c_tile, rsc, csc, beta, rows, cols);
                             }
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// B `[k, n]` packed once into `NR`-column panels over all its rows (convolution weights:
+/// packed per call, shared by every thread).
+pub(crate) struct PackedB {
+    k: usize,
+    n: usize,
+    data: Vec<f32>,
+}
+
+impl PackedB {
+    /// # Safety
+    /// `b` with strides `[rsb, csb]` addresses a valid `[k, n]` matrix.
+    pub unsafe fn new(b: *const f32, [rsb, csb]: [isize; 2], k: usize, n: usize) -> Self {
+        let mut data = vec![0.0; n.div_ceil(NR) * NR * k];
+        // SAFETY: the caller's contract.
+        unsafe { pack_b(&mut data, b, rsb, csb, 0, k, n) };
+        Self { k, n, data }
+    }
+}
+
+/// Implicit GEMM over rows `0..m`: `c[i, :] = Σ_t Σ_s a[i·lda + taps[t] + s] · B[t·run + s, :]`
+/// (plus `beta · c`), with B packed (`taps.len() · run` rows). A convolution's im2col matrix is
+/// never built: each kernel tap is a constant offset into the (padded) input.
+///
+/// # Safety
+/// [`available`]; every `a[i·lda + taps[t] + s]` for `i` up to `m` rounded up to a multiple of
+/// 12 is readable; `c` rows `0..m` (stride `ldc`, `B.n` columns) are writable and do not
+/// overlap `a`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn implicit(
+    m: usize,
+    a: *const f32,
+    lda: usize,
+    taps: &[usize],
+    run: usize,
+    b: &PackedB,
+    c: *mut f32,
+    ldc: usize,
+    beta: f32,
+) {
+    assert_eq!(
+        taps.len() * run,
+        b.k,
+        "implicit gemm: taps x run must be B's rows"
+    );
+    for ip in 0..m.div_ceil(MR) {
+        let rows = MR.min(m - ip * MR);
+        for jp in 0..b.n.div_ceil(NR) {
+            let cols = NR.min(b.n - jp * NR);
+            // SAFETY: the caller's contract; the panel holds k·NR values.
+            unsafe {
+                let a = ASrc {
+                    ptr: a.add(ip * MR * lda),
+                    lda,
+                    taps,
+                    run,
+                };
+                let panel = b.data.as_ptr().add(jp * NR * b.k);
+                let tile = c.add(ip * MR * ldc + jp * NR);
+                kernel::<true>(a, panel, tile, ldc as isize, 1, beta, rows, cols);
+            }
+        }
+    }
+}
+
+/// The weight gradient of [`implicit`]: `dw[t·run + s, :] += Σ_{q<m} a[q·lda + taps[t] + s] ·
+/// g[q, :]`, with `g` row-major `[m, n]` (stride `ldg`) and `dw` row-major `[taps·run, n]`.
+///
+/// # Safety
+/// [`available`]; the `a` addresses for `q < m` are readable; `g` covers `[m, n]`; `dw` covers
+/// `[taps·run, n]` and overlaps neither.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn implicit_weight_grad(
+    m: usize,
+    a: *const f32,
+    lda: usize,
+    taps: &[usize],
+    run: usize,
+    g: *const f32,
+    ldg: usize,
+    n: usize,
+    dw: *mut f32,
+) {
+    PACKS.with(|packs| {
+        let (pa, pb) = &mut *packs.borrow_mut();
+        let kc_max = m.clamp(1, KC);
+        pb.resize(n.div_ceil(NR) * NR * kc_max, 0.0);
+        pa.resize(run.div_ceil(MR) * MR * kc_max, 0.0);
+        for q0 in (0..m).step_by(KC) {
+            let kc = KC.min(m - q0);
+            // SAFETY: rows q0..q0+kc of g.
+            unsafe { pack_b(pb, g, ldg as isize, 1, q0, kc, n) };
+            for (t, &tap) in taps.iter().enumerate() {
+                // Aᵀ of this tap: row s, column q at a[q·lda + tap + s] (column-major: rsa = 1).
+                // SAFETY: the caller's contract.
+                unsafe { pack_a(pa, a.add(tap), 1, lda as isize, 0, run, q0, kc) };
+                for jp in 0..n.div_ceil(NR) {
+                    let cols = NR.min(n - jp * NR);
+                    for ip in 0..run.div_ceil(MR) {
+                        let rows = MR.min(run - ip * MR);
+                        // SAFETY: packs sized above; the tile lies within dw.
+                        unsafe {
+                            let a = ASrc {
+                                ptr: pa.as_ptr().add(ip * MR * kc),
+                                lda: 0,
+                                taps: &[0],
+                                run: kc,
+                            };
+                            let panel = pb.as_ptr().add(jp * NR * kc);
+                            let tile = dw.add((t * run + ip * MR) * n + jp * NR);
+                            kernel::<false>(a, panel, tile, n as isize, 1, 1.0, rows, cols);
                         }
                     }
                 }
@@ -143,7 +260,10 @@ unsafe fn pack_b(
             let row = &mut panel[p * NR..(p + 1) * NR];
             // SAFETY: (k0 + p, jp·NR + j) is inside b for j < cols.
             let src = unsafe { b.offset((k0 + p) as isize * rsb + (jp * NR) as isize * csb) };
-            if csb == 1 {
+            if csb == 1 && cols == NR {
+                // SAFETY: as above; a fixed-size copy (inline moves).
+                row.copy_from_slice(unsafe { &*(src as *const [f32; NR]) });
+            } else if csb == 1 {
                 // SAFETY: as above, `cols` contiguous elements.
                 row[..cols].copy_from_slice(unsafe { std::slice::from_raw_parts(src, cols) });
             } else {
@@ -178,8 +298,14 @@ unsafe fn pack_a(
                 let dst = &mut panel[p * MR..(p + 1) * MR];
                 // SAFETY: rows i0 + ip·MR.., column k0 + p are inside a.
                 let src = unsafe { a.offset((i0 + ip * MR) as isize + (k0 + p) as isize * csa) };
-                dst[..rows].copy_from_slice(unsafe { std::slice::from_raw_parts(src, rows) });
-                dst[rows..].fill(0.0);
+                if rows == MR {
+                    // A fixed-size copy: inline vector moves, not a memmove call per k step.
+                    let src: &[f32; MR] = unsafe { &*(src as *const [f32; MR]) };
+                    dst.copy_from_slice(src);
+                } else {
+                    dst[..rows].copy_from_slice(unsafe { std::slice::from_raw_parts(src, rows) });
+                    dst[rows..].fill(0.0);
+                }
             }
             continue;
         }
@@ -200,15 +326,27 @@ unsafe fn pack_a(
     }
 }
 
+/// Where the kernel reads A. Direct: element (i, p) with `p = t·run + s` is at
+/// `ptr[i·lda + taps[t] + s]` — a row-major matrix (`taps = [0]`) or an implicit im2col (one
+/// offset per kernel tap). Packed: at `ptr[p·MR + i]`, `taps = [0]`, `run = kc`.
+///
+/// Safety contract: every address the kernel forms for its `MR` rows is readable (callers of the
+/// direct form keep `MR` rows of slack past a ragged edge).
+#[derive(Clone, Copy)]
+pub(crate) struct ASrc<'t> {
+    pub ptr: *const f32,
+    pub lda: usize,
+    pub taps: &'t [usize],
+    pub run: usize,
+}
+
 /// The 12×32 register tile: `c[rows, cols] = acc + beta · c`. A element (i, p) is at
 /// `a[i·lda + p]` when `DIRECT` (row-major, read in place), else `a[p·MR + i]` (a packed panel).
 #[allow(clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn kernel<const DIRECT: bool>(
-    kc: usize,
-    a: *const f32,
-    lda: usize,
+    a: ASrc<'_>,
     b: *const f32,
     c: *mut f32,
     rsc: isize,
@@ -218,20 +356,28 @@ unsafe fn kernel<const DIRECT: bool>(
     cols: usize,
 ) {
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-    for p in 0..kc {
-        // SAFETY: the packs hold kc·MR and kc·NR elements.
-        let (b0, b1) = unsafe {
-            (
-                _mm512_loadu_ps(b.add(p * NR)),
-                _mm512_loadu_ps(b.add(p * NR + 16)),
-            )
-        };
-        for (i, row) in acc.iter_mut().enumerate() {
-            let at = if DIRECT { i * lda + p } else { p * MR + i };
-            // SAFETY: as above (direct: row i of a has kc elements from here).
-            let ai = _mm512_set1_ps(unsafe { *a.add(at) });
-            row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
-            row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
+    let mut p = 0;
+    for &tap in a.taps {
+        for step in 0..a.run {
+            // SAFETY: the B panel holds taps·run rows of NR.
+            let (b0, b1) = unsafe {
+                (
+                    _mm512_loadu_ps(b.add(p * NR)),
+                    _mm512_loadu_ps(b.add(p * NR + 16)),
+                )
+            };
+            for (i, row) in acc.iter_mut().enumerate() {
+                let at = if DIRECT {
+                    i * a.lda + tap + step
+                } else {
+                    p * MR + i
+                };
+                // SAFETY: `ASrc`'s contract (packed: MR·kc elements; direct: MR rows readable).
+                let ai = _mm512_set1_ps(unsafe { *a.ptr.add(at) });
+                row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
+                row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
+            }
+            p += 1;
         }
     }
     if csc == 1 {

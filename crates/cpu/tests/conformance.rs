@@ -105,6 +105,14 @@ fn convolutions_over_several_tiles_and_threads() {
         },
         false,
     );
+    // Stride 1 with dilation, a non-square kernel and uneven padding (the implicit-GEMM path).
+    let dilated = Conv2dParams {
+        padding: [2, 1],
+        dilation: [2, 1],
+        ..Default::default()
+    };
+    conv_case([2, 8, 19, 23], [16, 8, 3, 5], dilated, true);
+    conv_case([2, 8, 19, 23], [16, 8, 3, 5], dilated, false);
     let grouped = Conv2dParams {
         padding: [2, 2],
         dilation: [2, 2],

@@ -7,18 +7,21 @@
 //! gradient is the transposed GEMM plus a col2im scatter; the weight gradient accumulates
 //! `colsᵀ · g` per thread and sums the partials in thread order. 1×1 stride-1 convolutions skip
 //! im2col (the NHWC input already is the matrix). NCHW tensors are converted on the way in and
-//! out (PyTorch's oneDNN path does the same): channels-last is the fast layout.
-
-use std::borrow::Cow;
+//! out (PyTorch's oneDNN path does the same): channels-last is the fast layout. Stride-1 f32
+//! convolutions on AVX-512 CPUs skip im2col altogether (`implicit.rs`).
 
 use redline_tensor::backend::Conv2dParams;
 use redline_tensor::Layout;
 
 use crate::arena::{Arena, Pooled};
-use crate::buffer::{as_compute, from_compute, overwritten, with_compute, zeros, Data, Real};
-use crate::ops::elementwise::dense;
+use crate::buffer::{
+    as_compute, from_compute, overwritten, recycle, with_compute, zeros, Data, Real,
+};
+use crate::ops::elementwise::{dense, Dense};
 use crate::ops::matmul::{gemm_rows, Mat};
 use crate::parallel::{self, Disjoint};
+
+mod implicit;
 
 /// Bytes of one im2col tile: about half a typical L2.
 const TILE_BYTES: usize = 512 * 1024;
@@ -168,7 +171,7 @@ fn flipped_matrix<C: Real>(w: &[C], wl: &Layout) -> Vec<C> {
 }
 
 /// The weight `[O, C/g, KH, KW]` as the GEMM matrix `[KH·KW·C/g, O]` (row-major).
-fn weight_matrix<'a, C: Real>(w: &'a [C], wl: &Layout) -> Cow<'a, [C]> {
+fn weight_matrix<'a, C: Real>(w: &'a [C], wl: &Layout) -> Dense<'a, C> {
     let s = wl.shape();
     let order = Layout::contiguous(&[s[2], s[3], s[1], s[0]]);
     let permuted = wl.permute(&[2, 3, 1, 0]).unwrap_or_else(|_| order.clone());
@@ -176,10 +179,10 @@ fn weight_matrix<'a, C: Real>(w: &'a [C], wl: &Layout) -> Cow<'a, [C]> {
 }
 
 /// A channels-last (NHWC) copy of a logically NCHW view, borrowed when it already is one.
-fn nhwc<'a, C: Real>(src: &'a [C], l: &Layout) -> Cow<'a, [C]> {
+fn nhwc<'a, C: Real>(src: &'a [C], l: &Layout) -> Dense<'a, C> {
     match Layout::channels_last(l.shape()) {
         Ok(order) => dense(src, l, &order),
-        Err(_) => Cow::Borrowed(src),
+        Err(_) => Dense::Borrowed(src),
     }
 }
 
@@ -188,10 +191,14 @@ fn finish<C: Real>(dtype: redline_tensor::DType, values: Vec<C>, out: &Layout) -
     let Ok(order) = Layout::channels_last(out.shape()) else {
         return from_compute(dtype, values);
     };
-    match dense(&values, &order, out) {
-        Cow::Borrowed(_) => from_compute(dtype, values),
-        Cow::Owned(v) => from_compute(dtype, v),
+    let converted = dense(&values, &order, out);
+    if let Dense::Borrowed(_) = converted {
+        drop(converted);
+        return from_compute(dtype, values);
     }
+    let converted = converted.into_owned();
+    recycle(values);
+    from_compute(dtype, converted)
 }
 
 /// Runs `f(part, tiles)` over the tiles of `rows` output pixels, split across threads.
@@ -224,6 +231,11 @@ pub(crate) fn conv2d(
 }
 
 fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], wmat: &[C]) -> Vec<C> {
+    if implicit::eligible(g) && !g.pointwise() {
+        if let (Some(x), Some(w)) = (C::as_f32(x), C::as_f32(wmat)) {
+            return C::from_f32s(implicit::forward(g, x, w));
+        }
+    }
     let (rows, k, o) = (g.pixels(), g.k(), g.o);
     let tile = g.tile_rows::<C>();
     let mut y = overwritten::<C>(rows * o);
@@ -391,6 +403,11 @@ pub(crate) fn conv2d_weight_grad(
 }
 
 fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> Vec<C> {
+    if implicit::eligible(g) && !g.pointwise() {
+        if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
+            return C::from_f32s(implicit::weight_grad(arena, g, x, gy));
+        }
+    }
     let (rows, k, o) = (g.pixels(), g.k(), g.o);
     let tile = g.tile_rows::<C>();
     let count = rows.div_ceil(tile);

@@ -1,13 +1,11 @@
 //! Elementwise ops over strided views: unary, binary, select, convert, copy_into — and the
 //! `map` kernel every other op uses to read a view in the order it needs.
 
-use std::borrow::Cow;
-
 use redline_tensor::backend::{BinaryOp, UnaryOp};
 use redline_tensor::{scalar, DType, Layout, Result, TensorError};
 
 use crate::buffer::{
-    as_compute, from_compute, overwritten, with_compute, with_data, Data, Elem, Real,
+    as_compute, from_compute, overwritten, recycle, with_compute, with_data, Data, Elem, Real,
 };
 use crate::parallel;
 use crate::strided::Plan;
@@ -64,9 +62,43 @@ pub(crate) fn map<C: Real, const M: usize>(
     out
 }
 
+/// A view's elements in a wanted order: borrowed when they already were, else a copy that goes
+/// back to the recycled vectors when dropped (layout conversions are transient and large).
+pub(crate) enum Dense<'a, E: Elem> {
+    Borrowed(&'a [E]),
+    Owned(Vec<E>),
+}
+
+impl<E: Elem> std::ops::Deref for Dense<'_, E> {
+    type Target = [E];
+    fn deref(&self) -> &[E] {
+        match self {
+            Dense::Borrowed(s) => s,
+            Dense::Owned(v) => v,
+        }
+    }
+}
+
+impl<E: Elem> Dense<'_, E> {
+    pub fn into_owned(mut self) -> Vec<E> {
+        match &mut self {
+            Dense::Borrowed(s) => s.to_vec(),
+            Dense::Owned(v) => std::mem::take(v),
+        }
+    }
+}
+
+impl<E: Elem> Drop for Dense<'_, E> {
+    fn drop(&mut self) {
+        if let Dense::Owned(v) = self {
+            recycle(std::mem::take(v));
+        }
+    }
+}
+
 /// The elements of `src` (read through `view`) in the memory order of the dense layout `order`
 /// (same shape), borrowed when they already are laid out that way.
-pub(crate) fn dense<'a, C: Real>(src: &'a [C], view: &Layout, order: &Layout) -> Cow<'a, [C]> {
+pub(crate) fn dense<'a, C: Real>(src: &'a [C], view: &Layout, order: &Layout) -> Dense<'a, C> {
     let n = view.numel();
     let same = view
         .shape()
@@ -74,9 +106,9 @@ pub(crate) fn dense<'a, C: Real>(src: &'a [C], view: &Layout, order: &Layout) ->
         .zip(view.strides().iter().zip(order.strides()))
         .all(|(&len, (&a, &b))| len <= 1 || a == b);
     if same && view.offset() + n <= src.len() {
-        Cow::Borrowed(&src[view.offset()..view.offset() + n])
+        Dense::Borrowed(&src[view.offset()..view.offset() + n])
     } else {
-        Cow::Owned(map([order, view], [&[], src], |v| v[1]))
+        Dense::Owned(map([order, view], [&[], src], |v| v[1]))
     }
 }
 
