@@ -12,7 +12,9 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 const MR: usize = 12;
-const NR: usize = 32;
+/// zmm vectors per tile row; the tile is MR × (16·NV).
+const NV: usize = 2;
+const NR: usize = 16 * NV;
 const KC: usize = 256;
 const MC: usize = MR * 12;
 
@@ -355,17 +357,13 @@ unsafe fn kernel<const DIRECT: bool>(
     rows: usize,
     cols: usize,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
     let mut p = 0;
     for &tap in a.taps {
         for step in 0..a.run {
             // SAFETY: the B panel holds taps·run rows of NR.
-            let (b0, b1) = unsafe {
-                (
-                    _mm512_loadu_ps(b.add(p * NR)),
-                    _mm512_loadu_ps(b.add(p * NR + 16)),
-                )
-            };
+            let bv: [__m512; NV] =
+                std::array::from_fn(|h| unsafe { _mm512_loadu_ps(b.add(p * NR + 16 * h)) });
             for (i, row) in acc.iter_mut().enumerate() {
                 let at = if DIRECT {
                     i * a.lda + tap + step
@@ -374,14 +372,16 @@ unsafe fn kernel<const DIRECT: bool>(
                 };
                 // SAFETY: `ASrc`'s contract (packed: MR·kc elements; direct: MR rows readable).
                 let ai = _mm512_set1_ps(unsafe { *a.ptr.add(at) });
-                row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
-                row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
+                for (r, &bh) in row.iter_mut().zip(&bv) {
+                    *r = _mm512_fmadd_ps(ai, bh, *r);
+                }
             }
             p += 1;
         }
     }
     if csc == 1 {
-        let masks = [lane_mask(cols), lane_mask(cols.saturating_sub(16))];
+        let masks: [__mmask16; NV] =
+            std::array::from_fn(|h| lane_mask(cols.saturating_sub(16 * h)));
         for (i, row) in acc.iter().enumerate().take(rows) {
             for (h, &mask) in masks.iter().enumerate() {
                 // SAFETY: the masked lanes are inside c's row i.
@@ -400,10 +400,9 @@ unsafe fn kernel<const DIRECT: bool>(
     } else {
         let mut tile = [0.0f32; NR];
         for (i, row) in acc.iter().enumerate().take(rows) {
-            // SAFETY: a local array of NR lanes.
-            unsafe {
-                _mm512_storeu_ps(tile.as_mut_ptr(), row[0]);
-                _mm512_storeu_ps(tile.as_mut_ptr().add(16), row[1]);
+            for (h, &v) in row.iter().enumerate() {
+                // SAFETY: a local array of NR lanes.
+                unsafe { _mm512_storeu_ps(tile.as_mut_ptr().add(16 * h), v) };
             }
             for (j, &v) in tile.iter().enumerate().take(cols) {
                 // SAFETY: (i, j) is inside c.
