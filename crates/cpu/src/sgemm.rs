@@ -209,40 +209,86 @@ pub(crate) unsafe fn implicit_weight_grad(
     n: usize,
     dw: *mut f32,
 ) {
+    let k = taps.len() * run;
     PACKS.with(|packs| {
         let (pa, pb) = &mut *packs.borrow_mut();
         let kc_max = m.clamp(1, KC);
         pb.resize(n.div_ceil(NR) * NR * kc_max, 0.0);
-        pa.resize(run.div_ceil(MR) * MR * kc_max, 0.0);
+        pa.resize(k.div_ceil(MR) * MR * kc_max, 0.0);
         for q0 in (0..m).step_by(KC) {
             let kc = KC.min(m - q0);
-            // SAFETY: rows q0..q0+kc of g.
-            unsafe { pack_b(pb, g, ldg as isize, 1, q0, kc, n) };
-            for (t, &tap) in taps.iter().enumerate() {
-                // Aᵀ of this tap: row s, column q at a[q·lda + tap + s] (column-major: rsa = 1).
-                // SAFETY: the caller's contract.
-                unsafe { pack_a(pa, a.add(tap), 1, lda as isize, 0, run, q0, kc) };
-                for jp in 0..n.div_ceil(NR) {
-                    let cols = NR.min(n - jp * NR);
-                    for ip in 0..run.div_ceil(MR) {
-                        let rows = MR.min(run - ip * MR);
-                        // SAFETY: packs sized above; the tile lies within dw.
-                        unsafe {
-                            let a = ASrc {
-                                ptr: pa.as_ptr().add(ip * MR * kc),
-                                lda: 0,
-                                taps: &[0],
-                                run: kc,
-                            };
-                            let panel = pb.as_ptr().add(jp * NR * kc);
-                            let tile = dw.add((t * run + ip * MR) * n + jp * NR);
-                            kernel::<false>(a, panel, tile, n as isize, 1, 1.0, rows, cols);
-                        }
+            // SAFETY: rows q0..q0+kc of g; the a addresses are the caller's contract.
+            unsafe {
+                pack_b(pb, g, ldg as isize, 1, q0, kc, n);
+                pack_taps(pa, a, lda, taps, run, q0, kc);
+            }
+            // Every (tap, channel) row at once: 12-row panels run across tap boundaries, so
+            // none is padded when taps × channels is a multiple of 12 (3×3 × 64 is).
+            for jp in 0..n.div_ceil(NR) {
+                let cols = NR.min(n - jp * NR);
+                for ip in 0..k.div_ceil(MR) {
+                    let rows = MR.min(k - ip * MR);
+                    // SAFETY: packs sized above; the tile lies within dw.
+                    unsafe {
+                        let a = ASrc {
+                            ptr: pa.as_ptr().add(ip * MR * kc),
+                            lda: 0,
+                            taps: &[0],
+                            run: kc,
+                        };
+                        let panel = pb.as_ptr().add(jp * NR * kc);
+                        let tile = dw.add(ip * MR * n + jp * NR);
+                        kernel::<false>(a, panel, tile, n as isize, 1, 1.0, rows, cols);
                     }
                 }
             }
         }
     });
+}
+
+/// Packs the implicit im2col matrix transposed — row `t·run + s`, column `q` (for `q` in
+/// `q0..q0+kc`) is `a[q·lda + taps[t] + s]` — into `MR`-row panels, k-major, zero-padded.
+unsafe fn pack_taps(
+    pa: &mut [f32],
+    a: *const f32,
+    lda: usize,
+    taps: &[usize],
+    run: usize,
+    q0: usize,
+    kc: usize,
+) {
+    let k = taps.len() * run;
+    for ip in 0..k.div_ceil(MR) {
+        let r0 = ip * MR;
+        let panel = &mut pa[ip * MR * kc..(ip + 1) * MR * kc];
+        let (t, s) = (r0 / run, r0 % run);
+        if r0 + MR <= k && s + MR <= run {
+            // Inside one tap: 12 contiguous values per column.
+            for p in 0..kc {
+                // SAFETY: column q0 + p of tap t, channels s..s+MR (the caller's contract).
+                let src = unsafe { &*(a.add((q0 + p) * lda + taps[t] + s) as *const [f32; MR]) };
+                panel[p * MR..(p + 1) * MR].copy_from_slice(src);
+            }
+        } else {
+            // Across a tap boundary (or past the last row): the rows of tap t from channel s,
+            // then those of tap t + 1 from channel 0, then zeros.
+            let first = (run - s).min(MR).min(k - r0);
+            let second = (MR - first).min(k - r0 - first);
+            for p in 0..kc {
+                let dst = &mut panel[p * MR..(p + 1) * MR];
+                let column = (q0 + p) * lda;
+                for (i, d) in dst[..first].iter_mut().enumerate() {
+                    // SAFETY: tap t, channel s + i, column q0 + p (the caller's contract).
+                    *d = unsafe { *a.add(column + taps[t] + s + i) };
+                }
+                for (i, d) in dst[first..first + second].iter_mut().enumerate() {
+                    // SAFETY: tap t + 1, channel i (exists: second > 0 only when t + 1 does).
+                    *d = unsafe { *a.add(column + taps[t + 1] + i) };
+                }
+                dst[first + second..].fill(0.0);
+            }
+        }
+    }
 }
 
 /// B rows `k0..k0+kc` into `NR`-column panels, k-major, zero-padded past `n`.

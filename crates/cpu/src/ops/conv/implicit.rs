@@ -122,9 +122,11 @@ pub(super) fn weight_grad(arena: &Arena, g: &Geom, x: &[f32], gy: &[f32]) -> Vec
     let (o, wp, k) = (g.o, xp.wp, g.k());
     let per_image = g.ho * wp;
     // The output gradient at the padded width, zero in the dropped columns.
-    let mut gw = zeros::<f32>(g.n * per_image * o);
+    let mut gw = overwritten::<f32>(g.n * per_image * o);
     for (r, row) in gy.chunks(g.wo * o).enumerate() {
-        gw[r * wp * o..r * wp * o + g.wo * o].copy_from_slice(row);
+        let dst = &mut gw[r * wp * o..(r + 1) * wp * o];
+        dst[..g.wo * o].copy_from_slice(row);
+        dst[g.wo * o..].fill(0.0);
     }
     let per_task = per_image.div_ceil(TASK_ROWS);
     let count = g.n * per_task;
