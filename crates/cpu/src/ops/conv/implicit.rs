@@ -8,7 +8,7 @@
 //! the output gradient laid out at the padded width (zeros in the dropped columns).
 
 use crate::arena::Arena;
-use crate::buffer::{overwritten, zeros};
+use crate::buffer::overwritten;
 use crate::parallel::{self, Disjoint};
 use crate::sgemm::{self, PackedB};
 
