@@ -108,7 +108,15 @@ pub(crate) unsafe fn sgemm(
                                     taps: &[0],
                                     run: kc,
                                 };
-                                kernel::<true>(a, b_panel, c_tile, rsc, csc, beta, rows, cols);
+                                kernel::<true>(
+                                    a,
+                                    b_panel,
+                                    &rows_of(c_tile, rsc),
+                                    csc,
+                                    beta,
+                                    rows,
+                                    cols,
+                                );
                             } else {
                                 let a_panel = pa.as_ptr().add((ip - full) * MR * kc);
                                 let a = ASrc {
@@ -117,7 +125,15 @@ pub(crate) unsafe fn sgemm(
                                     taps: &[0],
                                     run: kc,
                                 };
-                                kernel::<false>(a, b_panel, c_tile, rsc, csc, beta, rows, cols);
+                                kernel::<false>(
+                                    a,
+                                    b_panel,
+                                    &rows_of(c_tile, rsc),
+                                    csc,
+                                    beta,
+                                    rows,
+                                    cols,
+                                );
                             }
                         }
                     }
@@ -146,14 +162,15 @@ impl PackedB {
     }
 }
 
-/// Implicit GEMM over rows `0..m`: `c[i, :] = Σ_t Σ_s a[i·lda + taps[t] + s] · B[t·run + s, :]`
-/// (plus `beta · c`), with B packed (`taps.len() · run` rows). A convolution's im2col matrix is
-/// never built: each kernel tap is a constant offset into the (padded) input.
+/// Implicit GEMM over rows `0..m`: `row_i = Σ_t Σ_s a[i·lda + taps[t] + s] · B[t·run + s, :]`
+/// (plus `beta · row_i`) written at `c_row(i)`, with B packed (`taps.len() · run` rows). A
+/// convolution's im2col matrix is never built: each kernel tap is a constant offset into the
+/// (padded) input, and `c_row` places each output row (rows to drop go to a scratch row).
 ///
 /// # Safety
 /// [`available`]; every `a[i·lda + taps[t] + s]` for `i` up to `m` rounded up to a multiple of
-/// 12 is readable; `c` rows `0..m` (stride `ldc`, `B.n` columns) are writable and do not
-/// overlap `a`.
+/// 12 is readable; `c_row(i)` for `i < m` points at `B.n` writable values that overlap nothing
+/// read here.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn implicit(
     m: usize,
@@ -162,8 +179,7 @@ pub(crate) unsafe fn implicit(
     taps: &[usize],
     run: usize,
     b: &PackedB,
-    c: *mut f32,
-    ldc: usize,
+    c_row: impl Fn(usize) -> *mut f32,
     beta: f32,
 ) {
     assert_eq!(
@@ -184,19 +200,20 @@ pub(crate) unsafe fn implicit(
                     run,
                 };
                 let panel = b.data.as_ptr().add(jp * NR * b.k);
-                let tile = c.add(ip * MR * ldc + jp * NR);
-                kernel::<true>(a, panel, tile, ldc as isize, 1, beta, rows, cols);
+                let tile = std::array::from_fn(|i| c_row(ip * MR + i).wrapping_add(jp * NR));
+                kernel::<true>(a, panel, &tile, 1, beta, rows, cols);
             }
         }
     }
 }
 
 /// The weight gradient of [`implicit`]: `dw[t·run + s, :] += Σ_{q<m} a[q·lda + taps[t] + s] ·
-/// g[q, :]`, with `g` row-major `[m, n]` (stride `ldg`) and `dw` row-major `[taps·run, n]`.
+/// g_q`, where `g_row(q)` is row `q` of the output gradient (`n` values) or None for a dropped
+/// row (zeros), and `dw` is row-major `[taps·run, n]`.
 ///
 /// # Safety
-/// [`available`]; the `a` addresses for `q < m` are readable; `g` covers `[m, n]`; `dw` covers
-/// `[taps·run, n]` and overlaps neither.
+/// [`available`]; the `a` addresses for `q < m` are readable; each `g_row` pointer covers `n`
+/// values; `dw` covers `[taps·run, n]` and overlaps neither.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn implicit_weight_grad(
     m: usize,
@@ -204,8 +221,7 @@ pub(crate) unsafe fn implicit_weight_grad(
     lda: usize,
     taps: &[usize],
     run: usize,
-    g: *const f32,
-    ldg: usize,
+    g_row: impl Fn(usize) -> Option<*const f32>,
     n: usize,
     dw: *mut f32,
 ) {
@@ -219,7 +235,7 @@ pub(crate) unsafe fn implicit_weight_grad(
             let kc = KC.min(m - q0);
             // SAFETY: rows q0..q0+kc of g; the a addresses are the caller's contract.
             unsafe {
-                pack_b(pb, g, ldg as isize, 1, q0, kc, n);
+                pack_rows(pb, &g_row, q0, kc, n);
                 pack_taps(pa, a, lda, taps, run, q0, kc);
             }
             // Every (tap, channel) row at once: 12-row panels run across tap boundaries, so
@@ -237,13 +253,39 @@ pub(crate) unsafe fn implicit_weight_grad(
                             run: kc,
                         };
                         let panel = pb.as_ptr().add(jp * NR * kc);
-                        let tile = dw.add(ip * MR * n + jp * NR);
-                        kernel::<false>(a, panel, tile, n as isize, 1, 1.0, rows, cols);
+                        let tile = rows_of(dw.add(ip * MR * n + jp * NR), n as isize);
+                        kernel::<false>(a, panel, &tile, 1, 1.0, rows, cols);
                     }
                 }
             }
         }
     });
+}
+
+/// B rows `q0..q0+kc` given by row pointers (None: a zero row) into `NR`-column panels.
+unsafe fn pack_rows(
+    pb: &mut [f32],
+    row: &impl Fn(usize) -> Option<*const f32>,
+    q0: usize,
+    kc: usize,
+    n: usize,
+) {
+    for p in 0..kc {
+        let src = row(q0 + p);
+        for jp in 0..n.div_ceil(NR) {
+            let cols = NR.min(n - jp * NR);
+            let dst = &mut pb[(jp * kc + p) * NR..(jp * kc + p + 1) * NR];
+            match src {
+                // SAFETY: the row holds n values (the caller's contract).
+                Some(r) => {
+                    let r = unsafe { std::slice::from_raw_parts(r.add(jp * NR), cols) };
+                    dst[..cols].copy_from_slice(r);
+                    dst[cols..].fill(0.0);
+                }
+                None => dst.fill(0.0),
+            }
+        }
+    }
 }
 
 /// Packs the implicit im2col matrix transposed — row `t·run + s`, column `q` (for `q` in
@@ -396,13 +438,56 @@ pub(crate) struct ASrc<'t> {
 unsafe fn kernel<const DIRECT: bool>(
     a: ASrc<'_>,
     b: *const f32,
-    c: *mut f32,
-    rsc: isize,
+    c_rows: &[*mut f32; MR],
     csc: isize,
     beta: f32,
     rows: usize,
     cols: usize,
 ) {
+    // SAFETY: the caller's contract.
+    let acc = unsafe { accumulate::<DIRECT>(a, b) };
+    if csc == 1 {
+        let masks: [__mmask16; NV] =
+            std::array::from_fn(|h| lane_mask(cols.saturating_sub(16 * h)));
+        for (i, row) in acc.iter().enumerate().take(rows) {
+            for (h, &mask) in masks.iter().enumerate() {
+                // SAFETY: the masked lanes are inside c's row i.
+                unsafe {
+                    let at = c_rows[i].add(h * 16);
+                    let v = if beta == 0.0 {
+                        row[h]
+                    } else {
+                        let old = _mm512_maskz_loadu_ps(mask, at);
+                        _mm512_fmadd_ps(_mm512_set1_ps(beta), old, row[h])
+                    };
+                    _mm512_mask_storeu_ps(at, mask, v);
+                }
+            }
+        }
+    } else {
+        let mut tile = [0.0f32; NR];
+        for (i, row) in acc.iter().enumerate().take(rows) {
+            for (h, &v) in row.iter().enumerate() {
+                // SAFETY: a local array of NR lanes.
+                unsafe { _mm512_storeu_ps(tile.as_mut_ptr().add(16 * h), v) };
+            }
+            for (j, &v) in tile.iter().enumerate().take(cols) {
+                // SAFETY: (i, j) is inside c.
+                unsafe {
+                    let at = c_rows[i].offset(j as isize * csc);
+                    *at = if beta == 0.0 { v } else { v + beta * *at };
+                }
+            }
+        }
+    }
+}
+
+/// The FMA loop of the register tile, apart from the stores so that the 24 accumulators stay in
+/// registers (with the stores' row indexing in the same function, LLVM spilled them every step).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline(never)]
+unsafe fn accumulate<const DIRECT: bool>(a: ASrc<'_>, b: *const f32) -> [[__m512; NV]; MR] {
     let mut acc = [[_mm512_setzero_ps(); NV]; MR];
     let mut p = 0;
     for &tap in a.taps {
@@ -425,40 +510,12 @@ unsafe fn kernel<const DIRECT: bool>(
             p += 1;
         }
     }
-    if csc == 1 {
-        let masks: [__mmask16; NV] =
-            std::array::from_fn(|h| lane_mask(cols.saturating_sub(16 * h)));
-        for (i, row) in acc.iter().enumerate().take(rows) {
-            for (h, &mask) in masks.iter().enumerate() {
-                // SAFETY: the masked lanes are inside c's row i.
-                unsafe {
-                    let at = c.offset(i as isize * rsc).add(h * 16);
-                    let v = if beta == 0.0 {
-                        row[h]
-                    } else {
-                        let old = _mm512_maskz_loadu_ps(mask, at);
-                        _mm512_fmadd_ps(_mm512_set1_ps(beta), old, row[h])
-                    };
-                    _mm512_mask_storeu_ps(at, mask, v);
-                }
-            }
-        }
-    } else {
-        let mut tile = [0.0f32; NR];
-        for (i, row) in acc.iter().enumerate().take(rows) {
-            for (h, &v) in row.iter().enumerate() {
-                // SAFETY: a local array of NR lanes.
-                unsafe { _mm512_storeu_ps(tile.as_mut_ptr().add(16 * h), v) };
-            }
-            for (j, &v) in tile.iter().enumerate().take(cols) {
-                // SAFETY: (i, j) is inside c.
-                unsafe {
-                    let at = c.offset(i as isize * rsc + j as isize * csc);
-                    *at = if beta == 0.0 { v } else { v + beta * *at };
-                }
-            }
-        }
-    }
+    acc
+}
+
+/// The row pointers of a tile at `c` with row stride `rsc`.
+fn rows_of(c: *mut f32, rsc: isize) -> [*mut f32; MR] {
+    std::array::from_fn(|i| c.wrapping_offset(i as isize * rsc))
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -93,25 +93,27 @@ pub(super) fn forward(g: &Geom, x: &[f32], wmat: &[f32]) -> Vec<f32> {
     let (o, wp) = (g.o, xp.wp);
     // SAFETY: wmat is the row-major [K, O] weight matrix.
     let b = unsafe { PackedB::new(wmat.as_ptr(), [o as isize, 1], g.k(), o) };
-    let per_image = g.ho * wp;
-    let mut wide = overwritten::<f32>(g.n * per_image * o);
-    let out = Disjoint::new(&mut wide);
-    tasks(g, wp, |image, q0, rows| {
-        let at = (image * per_image + q0) * o;
-        // SAFETY: tasks write disjoint rows; reads stay in the padded input and its slack.
-        unsafe {
-            let dst = out.slice(at..at + rows * o);
-            let a = xp.data.as_ptr().add(image * xp.per_image + q0 * g.c);
-            sgemm::implicit(rows, a, g.c, &xp.taps, g.c, &b, dst.as_mut_ptr(), o, 0.0);
-        }
-    });
-    // Drop the padded-width columns.
     let mut y = overwritten::<f32>(g.n * g.ho * g.wo * o);
-    parallel::chunks_mut(&mut y, g.wo * o * 8, |start, chunk| {
-        for (i, row) in chunk.chunks_mut(g.wo * o).enumerate() {
-            let r = start / (g.wo * o) + i;
-            row.copy_from_slice(&wide[r * wp * o..r * wp * o + g.wo * o]);
+    let out = Disjoint::new(&mut y);
+    tasks(g, wp, |image, q0, rows| {
+        // Outputs in the padded columns (x ≥ Wo) land in a scratch row and are dropped.
+        let mut scratch = vec![0.0f32; o];
+        let drop_row = scratch.as_mut_ptr();
+        let c_row = |i: usize| {
+            let (y, x) = ((q0 + i) / wp, (q0 + i) % wp);
+            if x < g.wo && y < g.ho {
+                // SAFETY: inside y (image, y, x < Wo); tasks own disjoint output rows.
+                unsafe { out.ptr().add(((image * g.ho + y) * g.wo + x) * o) }
+            } else {
+                drop_row
+            }
+        };
+        // SAFETY: reads stay in the padded input and its slack; writes as above.
+        unsafe {
+            let a = xp.data.as_ptr().add(image * xp.per_image + q0 * g.c);
+            sgemm::implicit(rows, a, g.c, &xp.taps, g.c, &b, c_row, 0.0);
         }
+        drop(scratch);
     });
     y
 }
@@ -121,13 +123,6 @@ pub(super) fn weight_grad(arena: &Arena, g: &Geom, x: &[f32], gy: &[f32]) -> Vec
     let xp = pad(g, x);
     let (o, wp, k) = (g.o, xp.wp, g.k());
     let per_image = g.ho * wp;
-    // The output gradient at the padded width, zero in the dropped columns.
-    let mut gw = overwritten::<f32>(g.n * per_image * o);
-    for (r, row) in gy.chunks(g.wo * o).enumerate() {
-        let dst = &mut gw[r * wp * o..(r + 1) * wp * o];
-        dst[..g.wo * o].copy_from_slice(row);
-        dst[g.wo * o..].fill(0.0);
-    }
     let per_task = per_image.div_ceil(TASK_ROWS);
     let count = g.n * per_task;
     let parts = parallel::parts_for(count, 1);
@@ -143,8 +138,13 @@ pub(super) fn weight_grad(arena: &Arena, g: &Geom, x: &[f32], gy: &[f32]) -> Vec
             // SAFETY: reads stay in the padded input (and slack) and in gw's rows.
             unsafe {
                 let a = xp.data.as_ptr().add(image * xp.per_image + q0 * g.c);
-                let gq = gw.as_ptr().add((image * per_image + q0) * o);
-                sgemm::implicit_weight_grad(rows, a, g.c, &xp.taps, g.c, gq, o, o, dw.as_mut_ptr());
+                // Output-gradient rows in the padded columns are zeros (they were dropped).
+                let g_row = |i: usize| {
+                    let (y, x) = ((q0 + i) / wp, (q0 + i) % wp);
+                    (x < g.wo && y < g.ho)
+                        .then(|| gy.as_ptr().add(((image * g.ho + y) * g.wo + x) * o))
+                };
+                sgemm::implicit_weight_grad(rows, a, g.c, &xp.taps, g.c, g_row, o, dw.as_mut_ptr());
             }
         }
     });
