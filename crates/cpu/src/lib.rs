@@ -322,6 +322,38 @@ impl Backend for CpuBackend {
         )?))
     }
 
+    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
+        let dx = self.buffer(x.storage)?.read();
+        let dy = y
+            .map(|y| self.buffer(y.storage).map(|b| b.read()))
+            .transpose()?;
+        let second = dy.as_deref().zip(y.map(|y| y.layout));
+        Ok(self.store(ops::batch_norm::stats(&dx, x.layout, second)))
+    }
+
+    fn batch_norm_apply(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        coef: View<'_>,
+        out: &Layout,
+    ) -> Result<Storage> {
+        let dx = self.buffer(x.storage)?.read();
+        let dy = y
+            .map(|y| self.buffer(y.storage).map(|b| b.read()))
+            .transpose()?;
+        let dc = self.buffer(coef.storage)?.read();
+        let second = dy.as_deref().zip(y.map(|y| y.layout));
+        Ok(self.store(ops::batch_norm::apply(
+            &dx,
+            x.layout,
+            second,
+            &dc,
+            coef.layout.offset(),
+            out,
+        )))
+    }
+
     fn sgd(
         &self,
         params: &[&Storage],

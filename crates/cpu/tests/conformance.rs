@@ -147,6 +147,27 @@ fn large_reductions_and_elementwise_ops() {
             y,
         ])
     });
+    for channels_last in [true, false] {
+        agree("batch norm (the fused ops) forward and backward", |dev| {
+            let mut x = tensor(&[6, 24, 17, 19], 13, dev);
+            if channels_last {
+                x = x.to_channels_last()?;
+            }
+            let x = x.with_requires_grad(true);
+            let w = tensor(&[24], 14, dev).with_requires_grad(true);
+            let b = tensor(&[24], 15, dev).with_requires_grad(true);
+            let y = x.batch_norm(Some(&w), Some(&b), None, true, 1e-5)?;
+            y.mul(&tensor(y.shape(), 16, dev))?
+                .sum(&[], false)?
+                .backward()?;
+            Ok(vec![
+                y,
+                x.grad().unwrap(),
+                w.grad().unwrap(),
+                b.grad().unwrap(),
+            ])
+        });
+    }
     agree("softmax and argmax of wide rows", |dev| {
         let x = tensor(&[64, 1000], 10, dev);
         Ok(vec![

@@ -224,6 +224,12 @@ op_enum!(
         RandomUniform => "random_uniform",
         /// u8 NHWC batch → normalised float NCHW stored channels-last (the input op).
         NormalizeInput => "normalize_input",
+        /// Per-channel sums `[Σx, Σx²]` (or `[Σy, Σx·y]`): batch norm's statistics and the
+        /// reductions of its backward, in one pass.
+        BatchNormStats => "batch_norm_stats",
+        /// Per-channel `a·x + b (+ d·y)`: batch norm's normalisation and its input gradient, in
+        /// one pass.
+        BatchNormApply => "batch_norm_apply",
     }
 );
 
@@ -280,6 +286,16 @@ impl Op {
             Op::Nn(o) => o.name(),
             Op::Optim(o) => o.name(),
         }
+    }
+}
+
+/// The dtype of batch-norm statistics and coefficients for inputs of `dtype`: f64 for f64,
+/// f32 for the rest (half-precision sums would lose the statistics).
+pub fn stats_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
     }
 }
 
@@ -482,6 +498,21 @@ pub trait Backend: Send + Sync + fmt::Debug {
         mean: &[f64],
         std: &[f64],
         dtype: DType,
+        out: &Layout,
+    ) -> Result<Storage>;
+
+    /// Per-channel sums over every axis but 1 of `x` (`[N, C, ..]`, any layout): a contiguous
+    /// `[2, C]` of [`stats_dtype`]`(x)` holding `[Σx, Σx²]`, or with `y` (x's shape and dtype)
+    /// `[Σy, Σx·y]`. Accumulated in at least f32 (f64 on host backends).
+    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage>;
+
+    /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel `c` (axis 1), written in layout
+    /// `out` as x's dtype; `coef` is a contiguous `[3, C]` of [`stats_dtype`]`(x)`.
+    fn batch_norm_apply(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        coef: View<'_>,
         out: &Layout,
     ) -> Result<Storage>;
 

@@ -32,8 +32,8 @@ mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
 pub use backend::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, NnOp, Op, OptimOp, OtherOp,
-    Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
+    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, NnOp, Op, OptimOp,
+    OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
 };
 pub use device::Device;
 pub use dtype::{DType, Element};

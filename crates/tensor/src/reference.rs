@@ -336,6 +336,31 @@ impl Backend for Reference {
         }))
     }
 
+    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
+        let xs = self.gather(x)?;
+        let ys = y.map(|y| self.gather(y)).transpose()?;
+        let sums = ops::norm::batch_norm_reference::stats(&xs, ys.as_deref(), x.layout.shape());
+        Ok(self.store(crate::backend::stats_dtype(x.dtype()), sums))
+    }
+
+    fn batch_norm_apply(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        coef: View<'_>,
+        out: &Layout,
+    ) -> Result<Storage> {
+        let (xs, k) = (self.gather(x)?, self.gather(coef)?);
+        let ys = y.map(|y| self.gather(y)).transpose()?;
+        let shape = x.layout.shape();
+        let (c, inner) = (shape[1], shape[2..].iter().product::<usize>().max(1));
+        Ok(self.produce(x.dtype(), out, |i| {
+            let ch = (i / inner) % c;
+            let extra = ys.as_ref().map_or(0.0, |y| k[2 * c + ch] * y[i]);
+            k[ch] * xs[i] + k[c + ch] + extra
+        }))
+    }
+
     fn sgd(
         &self,
         params: &[&Storage],

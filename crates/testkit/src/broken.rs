@@ -195,6 +195,18 @@ impl Backend for Broken {
     ) -> Result<Storage> {
         self.inner.normalize_input(x, mean, std, dtype, out)
     }
+    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
+        self.inner.batch_norm_stats(x, y)
+    }
+    fn batch_norm_apply(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        coef: View<'_>,
+        out: &Layout,
+    ) -> Result<Storage> {
+        self.inner.batch_norm_apply(x, y, coef, out)
+    }
     fn sgd(
         &self,
         params: &[&Storage],

@@ -212,6 +212,15 @@ impl Case {
                 let seed = self.inputs[0].values.len() as u64 * 7919;
                 Tensor::random_uniform(x[0].shape(), self.dtype, seed, 13, x[0].device())
             }
+            NnOp::BatchNormStats => x[0].batch_norm_stats(x.get(1)),
+            NnOp::BatchNormApply => {
+                let (y, coef) = match x {
+                    [_, coef] => (None, coef),
+                    [_, y, coef] => (Some(y), coef),
+                    _ => return Err(TensorError::Shape("batch_norm_apply case".into())),
+                };
+                x[0].batch_norm_apply(y, coef)
+            }
             NnOp::NormalizeInput => Tensor::normalize_input(
                 &x[0],
                 &[0.485, 0.456, 0.406],

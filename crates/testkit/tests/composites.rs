@@ -74,6 +74,12 @@ fn norms_embedding_dropout_and_pooling() {
             Box::new(|x| x[0].batch_norm(Some(&x[1]), Some(&x[2]), None, true, 1e-5)),
         ),
         (
+            "batch_norm (training, no affine, NCHW)",
+            vec![f64_input(&[2, 3, 2, 3], 9, ViewKind::Plain)],
+            vec![0],
+            Box::new(|x| x[0].batch_norm(None, None, None, true, 1e-5)),
+        ),
+        (
             "layer_norm",
             vec![
                 f64_input(&[3, 4], 5, ViewKind::Transposed),

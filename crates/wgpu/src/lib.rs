@@ -387,6 +387,72 @@ impl Backend for WgpuBackend {
         Ok(self.wrap(buffer, dtype, out.numel()))
     }
 
+    /// Composed from this backend's own kernels, in f32: widen, multiply, reduce, pack.
+    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
+        let shape = x.layout.shape().to_vec();
+        let (c, dense) = (shape[1], Layout::contiguous(&shape));
+        let xf = self.convert(x, DType::F32, &dense)?;
+        let yf = y.map(|y| self.convert(y, DType::F32, &dense)).transpose()?;
+        let view = |s| View {
+            storage: s,
+            layout: &dense,
+        };
+        let other = view(yf.as_ref().unwrap_or(&xf));
+        let product = self.binary(BinaryOp::Mul, view(&xf), other, &dense)?;
+        let axes: Vec<usize> = (0..shape.len()).filter(|&a| a != 1).collect();
+        let sums = [
+            self.reduce(ReduceOp::Sum, other, &axes)?,
+            self.reduce(ReduceOp::Sum, view(&product), &axes)?,
+        ];
+        let out = self.fill(DType::F32, 2 * c, 0.0)?;
+        let row = Layout::contiguous(&[c]);
+        for (r, sum) in sums.iter().enumerate() {
+            let at = Layout::new(vec![c], vec![1], r * c);
+            let src = View {
+                storage: sum,
+                layout: &row,
+            };
+            self.copy_into(&out, &at, src)?;
+        }
+        Ok(out)
+    }
+
+    /// Composed from this backend's elementwise kernels with per-channel broadcast views.
+    fn batch_norm_apply(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        coef: View<'_>,
+        out: &Layout,
+    ) -> Result<Storage> {
+        let shape = x.layout.shape().to_vec();
+        let c = shape[1];
+        let k = self.convert(coef, x.dtype(), &Layout::contiguous(&[3, c]))?;
+        let row = |r: usize| {
+            let mut strides = vec![0; shape.len()];
+            strides[1] = 1;
+            Layout::new(shape.clone(), strides, r * c)
+        };
+        let (a, b, d) = (row(0), row(1), row(2));
+        let coef_row = |layout| View {
+            storage: &k,
+            layout,
+        };
+        let scaled = self.binary(BinaryOp::Mul, x, coef_row(&a), out)?;
+        let out_view = |storage| View {
+            storage,
+            layout: out,
+        };
+        let shifted = self.binary(BinaryOp::Add, out_view(&scaled), coef_row(&b), out)?;
+        match y {
+            None => Ok(shifted),
+            Some(y) => {
+                let extra = self.binary(BinaryOp::Mul, y, coef_row(&d), out)?;
+                self.binary(BinaryOp::Add, out_view(&shifted), out_view(&extra), out)
+            }
+        }
+    }
+
     fn sgd(
         &self,
         params: &[&Storage],

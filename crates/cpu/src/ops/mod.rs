@@ -1,5 +1,6 @@
 //! One file per op family, each with its kernels.
 
+pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod matmul;

@@ -2,7 +2,7 @@
 //! them, forward and backward, from its primitives; fused kernels can replace them later).
 
 use crate::autograd::no_grad;
-use crate::backend::{NnOp, Op};
+use crate::backend::{stats_dtype, NnOp, Op};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -35,6 +35,12 @@ impl Tensor {
             )));
         }
         let c = self.shape()[1];
+        let fused = [NnOp::BatchNormStats, NnOp::BatchNormApply]
+            .iter()
+            .all(|&op| self.device().backend().supports(Op::Nn(op), self.dtype()));
+        if training && fused {
+            return self.batch_norm_fused(weight, bias, running, eps);
+        }
         let mut stat_shape = vec![1; self.rank()];
         stat_shape[1] = c;
         let axes: Vec<usize> = (0..self.rank()).filter(|&a| a != 1).collect();
@@ -69,6 +75,155 @@ impl Tensor {
             y = y.add(&b.reshape(&stat_shape)?)?;
         }
         Ok(y)
+    }
+
+    /// Per-channel sums over every axis but 1: `[2, C]` holding `[Σx, Σx²]`, or with `y`
+    /// `[Σy, Σx·y]`, as f32 (f64 for f64). One pass; no gradient. Batch norm's building block.
+    pub fn batch_norm_stats(&self, y: Option<&Tensor>) -> Result<Tensor> {
+        self.check_channels("batch_norm_stats", y)?;
+        self.device()
+            .check(Op::Nn(NnOp::BatchNormStats), self.dtype())?;
+        let storage = self
+            .backend()
+            .batch_norm_stats(self.view(), y.map(|y| y.view()))?;
+        let c = self.shape()[1];
+        Ok(Tensor::from_storage(
+            storage,
+            Layout::contiguous(&[2, c]),
+            self.device().clone(),
+        ))
+    }
+
+    /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel, in x's dtype and memory order;
+    /// `coef` is `[3, C]` of f32 (f64 for f64). One pass; no gradient.
+    pub fn batch_norm_apply(&self, y: Option<&Tensor>, coef: &Tensor) -> Result<Tensor> {
+        self.check_channels("batch_norm_apply", y)?;
+        let c = self.shape()[1];
+        let want = stats_dtype(self.dtype());
+        if coef.shape() != [3, c] || coef.dtype() != want {
+            return Err(TensorError::shape(format!(
+                "batch_norm_apply: coefficients {} {:?} for {:?} (need {want} [3, {c}])",
+                coef.dtype(),
+                coef.shape(),
+                self.shape()
+            )));
+        }
+        self.same_device(coef, "batch_norm_apply")?;
+        self.device()
+            .check(Op::Nn(NnOp::BatchNormApply), self.dtype())?;
+        let coef = coef.contiguous()?;
+        let out = self.layout().output_like();
+        let storage =
+            self.backend()
+                .batch_norm_apply(self.view(), y.map(|y| y.view()), coef.view(), &out)?;
+        Ok(Tensor::from_storage(storage, out, self.device().clone()))
+    }
+
+    fn check_channels(&self, op: &str, y: Option<&Tensor>) -> Result<()> {
+        if self.rank() < 2 || !self.dtype().is_float() {
+            return Err(TensorError::shape(format!(
+                "{op} needs a float [N, C, ..], got {} {:?}",
+                self.dtype(),
+                self.shape()
+            )));
+        }
+        if let Some(y) = y {
+            self.same_device(y, op)?;
+            self.same_dtype(y, op)?;
+            if y.shape() != self.shape() {
+                return Err(TensorError::shape(format!(
+                    "{op}: second operand {:?} for {:?}",
+                    y.shape(),
+                    self.shape()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Training-mode batch norm in four passes over the data (statistics, normalisation; in
+    /// backward, the two reductions and the input gradient), instead of the ~30 of the
+    /// composition: the fused path for backends that declare the two batch-norm ops.
+    fn batch_norm_fused(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        running: Option<RunningStats<'_>>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let c = self.shape()[1];
+        let n = (self.numel() / c.max(1)) as f64;
+        let sd = stats_dtype(self.dtype());
+        let x = self.detach();
+        let row = move |t: &Tensor, i: usize| t.narrow(0, i, 1)?.reshape(&[c]);
+        let (mean, rstd, scale, shift, w) = no_grad(|| -> Result<_> {
+            let sums = x.batch_norm_stats(None)?;
+            let mean = row(&sums, 0)?.mul_scalar(1.0 / n)?;
+            let var = row(&sums, 1)?
+                .mul_scalar(1.0 / n)?
+                .sub(&mean.mul(&mean)?)?
+                .maximum(&mean.scalar_like(0.0)?)?;
+            if let Some(r) = &running {
+                let unbiased = n / (n.max(2.0) - 1.0);
+                let update = |stat: &Tensor, batch: &Tensor, scale: f64| -> Result<()> {
+                    let batch = batch.cast(stat.dtype())?.mul_scalar(scale * r.momentum)?;
+                    let new = stat
+                        .mul_scalar(1.0 - r.momentum)?
+                        .add(&batch.reshape(stat.shape())?)?;
+                    stat.write_region(&Layout::contiguous(stat.shape()), &new)
+                };
+                update(r.mean, &mean, 1.0)?;
+                update(r.var, &var, unbiased)?;
+            }
+            let rstd = var.add_scalar(eps)?.rsqrt()?;
+            let w = weight.map(|w| w.detach().cast(sd)).transpose()?;
+            let scale = match &w {
+                Some(w) => rstd.mul(&w.reshape(&[c])?)?,
+                None => rstd.clone(),
+            };
+            let mut shift = mean.mul(&scale)?.neg()?;
+            if let Some(b) = bias {
+                shift = shift.add(&b.detach().cast(sd)?.reshape(&[c])?)?;
+            }
+            Ok((mean, rstd, scale, shift, w))
+        })?;
+        let zeros = scale.scalar_like(0.0)?.broadcast_to(&[c])?;
+        let coef = Tensor::stack(&[&scale, &shift, &zeros], 0)?;
+        let y = x.batch_norm_apply(None, &coef)?;
+        let mut inputs = vec![self];
+        inputs.extend(weight);
+        inputs.extend(bias);
+        let (has_w, has_b) = (weight.is_some(), bias.is_some());
+        let (w_dtype, b_dtype) = (weight.map(|t| t.dtype()), bias.map(|t| t.dtype()));
+        Ok(y.record("batch_norm", &inputs, move |g| {
+            let sums = x.batch_norm_stats(Some(g))?;
+            let (sum_g, sum_xg) = (row(&sums, 0)?, row(&sums, 1)?);
+            // Σ (x - mean)·g, and the input gradient's per-channel coefficients:
+            // dx = rstd·w·g + k0·x + k1 with k0 = -rstd³·w·Σ(x-mean)g / n,
+            // k1 = -rstd·w·Σg / n - mean·k0.
+            let centred = sum_xg.sub(&mean.mul(&sum_g)?)?;
+            let rw = match &w {
+                Some(w) => rstd.mul(&w.reshape(&[c])?)?,
+                None => rstd.clone(),
+            };
+            let k0 = rw
+                .mul(&rstd)?
+                .mul(&rstd)?
+                .mul(&centred)?
+                .mul_scalar(-1.0 / n)?;
+            let k1 = rw.mul(&sum_g)?.mul_scalar(-1.0 / n)?.sub(&mean.mul(&k0)?)?;
+            let coef = Tensor::stack(&[&k0, &k1, &rw], 0)?;
+            let dx = x.batch_norm_apply(Some(g), &coef)?;
+            let mut grads = vec![Some(dx)];
+            if has_w {
+                let dw = rstd.mul(&centred)?.cast(w_dtype.unwrap_or(sd))?;
+                grads.push(Some(dw));
+            }
+            if has_b {
+                grads.push(Some(sum_g.cast(b_dtype.unwrap_or(sd))?));
+            }
+            Ok(grads)
+        }))
     }
 
     /// Layer norm over the trailing `normalized` axes, with optional elementwise affine.
@@ -135,6 +290,23 @@ impl Tensor {
         let keep = u.ge(&u.scalar_like(p)?)?;
         let zero = self.scalar_like(0.0)?;
         Tensor::where_(&keep, &self.mul_scalar(1.0 / (1.0 - p))?, &zero)
+    }
+}
+
+/// The reference batch-norm kernels.
+pub(crate) mod batch_norm_reference {
+    /// `[Σx, Σx²]` (or `[Σy, Σx·y]`) per channel of row-major `x` of `shape` (`[N, C, ..]`).
+    pub fn stats(x: &[f64], y: Option<&[f64]>, shape: &[usize]) -> Vec<f64> {
+        let c = shape[1];
+        let inner: usize = shape[2..].iter().product();
+        let mut out = vec![0.0; 2 * c];
+        for (i, &v) in x.iter().enumerate() {
+            let k = (i / inner.max(1)) % c.max(1);
+            let other = y.map_or(v, |y| y[i]);
+            out[k] += other;
+            out[c + k] += v * other;
+        }
+        out
     }
 }
 
