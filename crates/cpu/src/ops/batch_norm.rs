@@ -6,8 +6,7 @@
 
 use redline_tensor::{stats_dtype, Layout};
 
-use crate::buffer::{as_compute, from_compute, with_compute, Data, Elem};
-use crate::ops::elementwise::map;
+use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Elem};
 use crate::parallel::{self, Disjoint};
 use crate::strided::Plan;
 
@@ -43,12 +42,48 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
                 let acc = unsafe { slots.slice(chunk * 2 * c..(chunk + 1) * 2 * c) };
                 let (first, second) = acc.split_at_mut(c);
                 plan.runs(parallel::part_range(n, chunks, chunk), |pos, len| {
-                    for j in 0..len {
-                        let v = xs[pos[0] + j * inner[0]].to_f64();
-                        let o = other[pos[1] + j * inner[1]].to_f64();
-                        let k = pos[2] + j * inner[2];
-                        first[k] += o;
-                        second[k] += v * o;
+                    let xr = &xs[pos[0]..];
+                    let or = &other[pos[1]..];
+                    match inner {
+                        // Channels-last: a run is consecutive channels (vectorised).
+                        [1, 1, 1] => {
+                            let k = pos[2]..pos[2] + len;
+                            let sums = first[k.clone()].iter_mut().zip(&mut second[k]);
+                            for ((f, s), (&v, &o)) in sums.zip(xr.iter().zip(or).take(len)) {
+                                let (v, o) = (v.to_f64(), o.to_f64());
+                                *f += o;
+                                *s += v * o;
+                            }
+                        }
+                        // NCHW: a run is one channel's pixels; eight lanes of partial sums.
+                        [1, 1, 0] => {
+                            let (mut f, mut s) = ([0.0f64; 8], [0.0f64; 8]);
+                            let (xc, oc) = (xr[..len].chunks_exact(8), or[..len].chunks_exact(8));
+                            let (xt, ot) = (xc.remainder(), oc.remainder());
+                            for (xv, ov) in xc.zip(oc) {
+                                for l in 0..8 {
+                                    let (v, o) = (xv[l].to_f64(), ov[l].to_f64());
+                                    f[l] += o;
+                                    s[l] += v * o;
+                                }
+                            }
+                            for (&v, &o) in xt.iter().zip(ot) {
+                                let (v, o) = (v.to_f64(), o.to_f64());
+                                f[0] += o;
+                                s[0] += v * o;
+                            }
+                            first[pos[2]] += f.iter().sum::<f64>();
+                            second[pos[2]] += s.iter().sum::<f64>();
+                        }
+                        _ => {
+                            for j in 0..len {
+                                let v = xs[pos[0] + j * inner[0]].to_f64();
+                                let o = other[pos[1] + j * inner[1]].to_f64();
+                                let k = pos[2] + j * inner[2];
+                                first[k] += o;
+                                second[k] += v * o;
+                            }
+                        }
                     }
                 });
             }
@@ -65,7 +100,8 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
     from_compute(stats_dtype(x.dtype()), sums)
 }
 
-/// `a[c]·x + b[c] (+ d[c]·y)` in the dense layout `out`, with `coef = [a; b; d]`.
+/// `a[c]·x + b[c] (+ d[c]·y)` in the dense layout `out`, with `coef = [a; b; d]` (rows of C
+/// from `coef_offset`).
 pub(crate) fn apply(
     x: &Data,
     xl: &Layout,
@@ -76,22 +112,66 @@ pub(crate) fn apply(
 ) -> Data {
     let shape = xl.shape();
     let c = shape[1];
-    let rows: Vec<Layout> = (0..3)
-        .map(|r| channel_of(shape, coef_offset + r * c))
-        .collect();
+    let chan = channel_of(shape, 0);
+    let yl = y.map_or(xl, |(_, l)| l);
     with_compute!(x.dtype(), C => {
         let (xs, k) = (as_compute::<C>(x), as_compute::<C>(coef));
-        let values = match y {
-            None => map([out, xl, &rows[0], &rows[1]], [&[], &xs, &k, &k], |v| v[1] * v[2] + v[3]),
-            Some((yd, yl)) => {
-                let ys = as_compute::<C>(yd);
-                map(
-                    [out, xl, &rows[0], &rows[1], yl, &rows[2]],
-                    [&[], &xs, &k, &k, &ys, &k],
-                    |v| v[1] * v[2] + v[3] + v[4] * v[5],
-                )
-            }
+        let ys = y.map(|(d, _)| as_compute::<C>(d));
+        let (a, b) = (&k[coef_offset..coef_offset + c], &k[coef_offset + c..coef_offset + 2 * c]);
+        let d = &k[coef_offset + 2 * c..coef_offset + 3 * c];
+        // Without y, d·y is skipped (x stands in as a harmless second operand).
+        let (other, dd): (&[C], &[C]) = match &ys {
+            Some(v) => (v, d),
+            None => (&xs, &[]),
         };
+        let plan = Plan::new([out, xl, yl, &chan]);
+        let mut values = overwritten::<C>(out.storage_extent().max(plan.numel()));
+        let inner = plan.inner();
+        parallel::chunks_mut(&mut values, CHUNK, |start, dst| {
+            let mut at = 0;
+            plan.runs(start..start + dst.len(), |pos, len| {
+                let run = &mut dst[at..at + len];
+                at += len;
+                let (xr, or) = (&xs[pos[1]..], &other[pos[2]..]);
+                match inner {
+                    // Channels-last: consecutive channels, coefficient slices (vectorised).
+                    [_, 1, 1, 1] => {
+                        let ch = pos[3]..pos[3] + len;
+                        let ab = a[ch.clone()].iter().zip(&b[ch.clone()]);
+                        for ((o, &v), (&ka, &kb)) in run.iter_mut().zip(xr).zip(ab) {
+                            *o = ka * v + kb;
+                        }
+                        if !dd.is_empty() {
+                            for ((o, &w), &kd) in run.iter_mut().zip(or).zip(&dd[ch]) {
+                                *o += kd * w;
+                            }
+                        }
+                    }
+                    // NCHW: one channel's pixels, scalar coefficients.
+                    [_, 1, 1, 0] => {
+                        let (ka, kb) = (a[pos[3]], b[pos[3]]);
+                        for (o, &v) in run.iter_mut().zip(xr) {
+                            *o = ka * v + kb;
+                        }
+                        if let Some(&kd) = dd.get(pos[3]) {
+                            for (o, &w) in run.iter_mut().zip(or) {
+                                *o += kd * w;
+                            }
+                        }
+                    }
+                    _ => {
+                        for (j, o) in run.iter_mut().enumerate() {
+                            let ch = pos[3] + j * inner[3];
+                            let v = xr[j * inner[1]];
+                            *o = a[ch] * v + b[ch];
+                            if let Some(&kd) = dd.get(ch) {
+                                *o += kd * or[j * inner[2]];
+                            }
+                        }
+                    }
+                }
+            });
+        });
         from_compute(x.dtype(), values)
     })
 }
