@@ -46,6 +46,31 @@ pub(crate) fn for_parts(n: usize, parts: usize, f: impl Fn(usize, Range<usize>) 
     });
 }
 
+/// Runs `f(task)` for every task of `0..count`, on up to [`threads`] threads that claim tasks
+/// one at a time. Only for tasks that write disjoint outputs: the results cannot depend on who
+/// ran what, and a core slowed by other load simply takes fewer tasks.
+pub(crate) fn for_each_task(count: usize, f: impl Fn(usize) + Sync) {
+    let workers = threads().min(count);
+    if workers <= 1 {
+        (0..count).for_each(f);
+        return;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || loop {
+        let task = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if task >= count {
+            break;
+        }
+        f(task);
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..workers {
+            scope.spawn(work);
+        }
+        work();
+    });
+}
+
 /// Runs `f(start, chunk)` over contiguous chunks of `out` (at least `min_chunk` elements each), in
 /// parallel; `start` is the chunk's first index in `out`.
 pub(crate) fn chunks_mut<T: Send>(

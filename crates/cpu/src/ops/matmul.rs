@@ -107,29 +107,28 @@ fn batched<C: Real>(x: &[C], al: &Layout, y: &[C], bl: &Layout) -> Vec<C> {
     };
     let tasks = batches * blocks;
     let c = Disjoint::new(&mut out);
-    parallel::for_parts(
-        tasks,
-        parallel::parts_for(tasks * m * n * k.max(1), 1 << 18),
-        |_, range| {
-            for task in range {
-                let (batch, block) = (task / blocks, task % blocks);
-                let rows = parallel::part_range(m, blocks, block);
-                let a = Mat {
-                    data: x,
-                    offset: ab.index_of(batch),
-                    strides: [al.strides()[r - 2], al.strides()[r - 1]],
-                };
-                let b = Mat {
-                    data: y,
-                    offset: bb.index_of(batch),
-                    strides: [bl.strides()[r - 2], bl.strides()[r - 1]],
-                };
-                let start = (batch * m + rows.start) * n;
-                // SAFETY: each task owns the rows `rows` of its batch: disjoint ranges of `out`.
-                let dst = unsafe { c.slice(start..start + rows.len() * n) };
-                gemm_rows(a, b, k, n, rows, dst, n, false);
-            }
-        },
-    );
+    let task = |task: usize| {
+        let (batch, block) = (task / blocks, task % blocks);
+        let rows = parallel::part_range(m, blocks, block);
+        let a = Mat {
+            data: x,
+            offset: ab.index_of(batch),
+            strides: [al.strides()[r - 2], al.strides()[r - 1]],
+        };
+        let b = Mat {
+            data: y,
+            offset: bb.index_of(batch),
+            strides: [bl.strides()[r - 2], bl.strides()[r - 1]],
+        };
+        let start = (batch * m + rows.start) * n;
+        // SAFETY: each task owns the rows `rows` of its batch: disjoint ranges of `out`.
+        let dst = unsafe { c.slice(start..start + rows.len() * n) };
+        gemm_rows(a, b, k, n, rows, dst, n, false);
+    };
+    if tasks * m * n * k.max(1) < 1 << 18 {
+        (0..tasks).for_each(task);
+    } else {
+        parallel::for_each_task(tasks, task);
+    }
     out
 }

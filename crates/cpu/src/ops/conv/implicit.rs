@@ -78,12 +78,10 @@ fn pad(g: &Geom, x: &[f32]) -> Padded {
 fn tasks(g: &Geom, wp: usize, f: impl Fn(usize, usize, usize) + Sync) {
     let per_image = g.ho * wp;
     let per_task = per_image.div_ceil(TASK_ROWS);
-    let count = g.n * per_task;
-    parallel::for_parts(count, parallel::parts_for(count, 1), |_, range| {
-        for t in range {
-            let (image, q0) = (t / per_task, (t % per_task) * TASK_ROWS);
-            f(image, q0, TASK_ROWS.min(per_image - q0));
-        }
+    // Tasks write disjoint output rows: claimed dynamically (same bits either way).
+    parallel::for_each_task(g.n * per_task, |t| {
+        let (image, q0) = (t / per_task, (t % per_task) * TASK_ROWS);
+        f(image, q0, TASK_ROWS.min(per_image - q0));
     });
 }
 
