@@ -445,7 +445,17 @@ unsafe fn kernel<const DIRECT: bool>(
     cols: usize,
 ) {
     // SAFETY: the caller's contract.
-    let acc = unsafe { accumulate::<DIRECT>(a, b) };
+    let acc = unsafe {
+        match (DIRECT, a.lda) {
+            (false, _) => accumulate::<false, 0>(a, b),
+            // The channel counts of common networks (the row stride of implicit convolution).
+            (true, 64) => accumulate::<true, 64>(a, b),
+            (true, 128) => accumulate::<true, 128>(a, b),
+            (true, 256) => accumulate::<true, 256>(a, b),
+            (true, 512) => accumulate::<true, 512>(a, b),
+            (true, _) => accumulate::<true, 0>(a, b),
+        }
+    };
     if csc == 1 {
         let masks: [__mmask16; NV] =
             std::array::from_fn(|h| lane_mask(cols.saturating_sub(16 * h)));
@@ -487,7 +497,12 @@ unsafe fn kernel<const DIRECT: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline(never)]
-unsafe fn accumulate<const DIRECT: bool>(a: ASrc<'_>, b: *const f32) -> [[__m512; NV]; MR] {
+unsafe fn accumulate<const DIRECT: bool, const LDA: usize>(
+    a: ASrc<'_>,
+    b: *const f32,
+) -> [[__m512; NV]; MR] {
+    // A known row stride makes the 12 broadcast addresses constant offsets of one pointer.
+    let lda = if LDA == 0 { a.lda } else { LDA };
     let mut acc = [[_mm512_setzero_ps(); NV]; MR];
     let mut p = 0;
     for &tap in a.taps {
@@ -497,7 +512,7 @@ unsafe fn accumulate<const DIRECT: bool>(a: ASrc<'_>, b: *const f32) -> [[__m512
                 std::array::from_fn(|h| unsafe { _mm512_loadu_ps(b.add(p * NR + 16 * h)) });
             for (i, row) in acc.iter_mut().enumerate() {
                 let at = if DIRECT {
-                    i * a.lda + tap + step
+                    i * lda + tap + step
                 } else {
                     p * MR + i
                 };
