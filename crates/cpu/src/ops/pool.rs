@@ -18,6 +18,17 @@ struct Plane {
 }
 
 impl Plane {
+    /// The planes of an `[N, C, H, W]` input pooled to `[N, C, HO, WO]`.
+    fn new(input: &[usize], output: &[usize], p: &Pool2dParams) -> Self {
+        Self {
+            h: input[2],
+            w: input[3],
+            ho: output[2],
+            wo: output[3],
+            p: *p,
+        }
+    }
+
     /// Calls `f(output index, iy, ix)` for every window position inside the input.
     #[inline]
     fn window(&self, oy: usize, ox: usize, mut f: impl FnMut(usize, usize)) {
@@ -63,13 +74,7 @@ fn planes(xl: &Layout, f: impl Fn(usize, usize) + Sync) {
 
 pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> (Data, Data) {
     let s = xl.shape();
-    let plane = Plane {
-        h: s[2],
-        w: s[3],
-        ho: out.shape()[2],
-        wo: out.shape()[3],
-        p: *p,
-    };
+    let plane = Plane::new(s, out.shape(), p);
     let (sy, sx) = (xl.strides()[2], xl.strides()[3]);
     let per_out = plane.ho * plane.wo;
     with_compute!(x.dtype(), C => {
@@ -101,13 +106,7 @@ pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) 
 
 pub(crate) fn avg_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> Data {
     let s = xl.shape();
-    let plane = Plane {
-        h: s[2],
-        w: s[3],
-        ho: out.shape()[2],
-        wo: out.shape()[3],
-        p: *p,
-    };
+    let plane = Plane::new(s, out.shape(), p);
     let (sy, sx) = (xl.strides()[2], xl.strides()[3]);
     let per_out = plane.ho * plane.wo;
     with_compute!(x.dtype(), C => {
@@ -134,13 +133,7 @@ pub(crate) fn avg_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) 
 /// The gradient of average pooling: each output's gradient spread evenly over its window.
 pub(crate) fn avg_pool2d_grad(g: &Data, gl: &Layout, p: &Pool2dParams, out: &Layout) -> Data {
     let s = out.shape();
-    let plane = Plane {
-        h: s[2],
-        w: s[3],
-        ho: gl.shape()[2],
-        wo: gl.shape()[3],
-        p: *p,
-    };
+    let plane = Plane::new(s, gl.shape(), p);
     let (sy, sx) = (gl.strides()[2], gl.strides()[3]);
     let per_in = plane.h * plane.w;
     with_compute!(g.dtype(), C => {
