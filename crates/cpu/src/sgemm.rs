@@ -121,7 +121,7 @@ pub(crate) unsafe fn sgemm(
                                 let a_panel = pa.as_ptr().add((ip - full) * MR * kc);
                                 let a = ASrc {
                                     ptr: a_panel,
-                                    lda: 0,
+                                    lda: MR,
                                     taps: &[0],
                                     run: kc,
                                 };
@@ -239,16 +239,26 @@ pub(crate) unsafe fn implicit_weight_grad(
                 pack_taps(pa, a, lda, taps, run, q0, kc);
             }
             // Every (tap, channel) row at once: 12-row panels run across tap boundaries, so
-            // none is padded when taps × channels is a multiple of 12 (3×3 × 64 is).
+            // none is padded when taps × channels is a multiple of 12 (3×3 × 64 is). A panel
+            // inside one tap is read in place (column-major, stride lda); only panels across a
+            // tap boundary were packed.
             for jp in 0..n.div_ceil(NR) {
                 let cols = NR.min(n - jp * NR);
                 for ip in 0..k.div_ceil(MR) {
                     let rows = MR.min(k - ip * MR);
-                    // SAFETY: packs sized above; the tile lies within dw.
+                    let (t, s0) = ((ip * MR) / run, (ip * MR) % run);
+                    let (ptr, ld) = if rows == MR && s0 + MR <= run {
+                        // SAFETY: the caller's contract (tap t, channels s0.., columns q0..).
+                        (unsafe { a.add(q0 * lda + taps[t] + s0) }, lda)
+                    } else {
+                        // SAFETY: the pack holds every panel's slot.
+                        (unsafe { pa.as_ptr().add(ip * MR * kc) }, MR)
+                    };
+                    // SAFETY: as above; the tile lies within dw.
                     unsafe {
                         let a = ASrc {
-                            ptr: pa.as_ptr().add(ip * MR * kc),
-                            lda: 0,
+                            ptr,
+                            lda: ld,
                             taps: &[0],
                             run: kc,
                         };
@@ -289,7 +299,8 @@ unsafe fn pack_rows(
 }
 
 /// Packs the implicit im2col matrix transposed — row `t·run + s`, column `q` (for `q` in
-/// `q0..q0+kc`) is `a[q·lda + taps[t] + s]` — into `MR`-row panels, k-major, zero-padded.
+/// `q0..q0+kc`) is `a[q·lda + taps[t] + s]` — into `MR`-row panels, k-major, zero-padded; only
+/// the panels that cross a tap boundary (or the last row): the kernel reads the others in place.
 unsafe fn pack_taps(
     pa: &mut [f32],
     a: *const f32,
@@ -305,12 +316,8 @@ unsafe fn pack_taps(
         let panel = &mut pa[ip * MR * kc..(ip + 1) * MR * kc];
         let (t, s) = (r0 / run, r0 % run);
         if r0 + MR <= k && s + MR <= run {
-            // Inside one tap: 12 contiguous values per column.
-            for p in 0..kc {
-                // SAFETY: column q0 + p of tap t, channels s..s+MR (the caller's contract).
-                let src = unsafe { &*(a.add((q0 + p) * lda + taps[t] + s) as *const [f32; MR]) };
-                panel[p * MR..(p + 1) * MR].copy_from_slice(src);
-            }
+            // Inside one tap: the kernel reads it in place.
+            continue;
         } else {
             // Across a tap boundary (or past the last row): the rows of tap t from channel s,
             // then those of tap t + 1 from channel 0, then zeros.
@@ -418,7 +425,8 @@ unsafe fn pack_a(
 
 /// Where the kernel reads A. Direct: element (i, p) with `p = t·run + s` is at
 /// `ptr[i·lda + taps[t] + s]` — a row-major matrix (`taps = [0]`) or an implicit im2col (one
-/// offset per kernel tap). Packed: at `ptr[p·MR + i]`, `taps = [0]`, `run = kc`.
+/// offset per kernel tap). Otherwise column-major: at `ptr[p·lda + i]` with `taps = [0]` and
+/// `run = kc` — a packed panel (`lda = MR`) or a transposed operand read in place.
 ///
 /// Safety contract: every address the kernel forms for its `MR` rows is readable (callers of the
 /// direct form keep `MR` rows of slack past a ragged edge).
@@ -447,6 +455,11 @@ unsafe fn kernel<const DIRECT: bool>(
     // SAFETY: the caller's contract.
     let acc = unsafe {
         match (DIRECT, a.lda) {
+            (false, MR) => accumulate::<false, MR>(a, b),
+            (false, 64) => accumulate::<false, 64>(a, b),
+            (false, 128) => accumulate::<false, 128>(a, b),
+            (false, 256) => accumulate::<false, 256>(a, b),
+            (false, 512) => accumulate::<false, 512>(a, b),
             (false, _) => accumulate::<false, 0>(a, b),
             // The channel counts of common networks (the row stride of implicit convolution).
             (true, 64) => accumulate::<true, 64>(a, b),
@@ -514,7 +527,7 @@ unsafe fn accumulate<const DIRECT: bool, const LDA: usize>(
                 let at = if DIRECT {
                     i * lda + tap + step
                 } else {
-                    p * MR + i
+                    p * lda + i
                 };
                 // SAFETY: `ASrc`'s contract (packed: MR·kc elements; direct: MR rows readable).
                 let ai = _mm512_set1_ps(unsafe { *a.ptr.add(at) });
