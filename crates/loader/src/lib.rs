@@ -1,4 +1,10 @@
-//! Sampler and crossbeam pipeline: decode and augment on every core, prefetch into pooled host buffers.
+//! The prefetch loader: sample order, then (coming) decode and augment on every core into pooled
+//! host buffers. It depends on `redline-shard` and `redline-hostmem` only, so it serves any
+//! tensor library.
 //!
-//! An empty shell for now: issue 6 (the prefetch loader) fills it. The crate exists so the workspace layout of
-//! `DESIGN.md` (and its dependency rules) is in place from the first commit.
+//! Built so far: [`order`] — the sample order as a pure function of (seed, epoch, rank, world),
+//! with DistributedSampler-style padding or dropping and a checkpointable resume position.
+
+pub mod order;
+
+pub use order::{Mode, Order, OrderError, Position, Uneven};
