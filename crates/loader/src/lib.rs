@@ -3,8 +3,14 @@
 //! tensor library.
 //!
 //! Built so far: [`order`] — the sample order as a pure function of (seed, epoch, rank, world),
-//! with DistributedSampler-style padding or dropping and a checkpointable resume position.
+//! with DistributedSampler-style padding or dropping and a checkpointable resume position — and
+//! [`resize`], PIL's antialiased bilinear crop-and-resize (bit-exact against PIL fixtures), and
+//! [`augment`], torchvision's RandomResizedCrop / flip / eval-crop geometry keyed per sample.
 
+pub mod augment;
 pub mod order;
+pub mod resize;
 
+pub use augment::{eval_geometry, train_params, EvalGeometry, TrainParams};
 pub use order::{Mode, Order, OrderError, Position, Uneven};
+pub use resize::{flip_horizontal, Crop, Resizer};

@@ -184,20 +184,20 @@ fn shuffle<T>(items: &mut [T], rng: &mut SplitMix) {
 
 /// SplitMix64 keyed by (seed, epoch): small, fast, and the same on every platform.
 #[derive(Debug, Clone)]
-struct SplitMix(u64);
+pub(crate) struct SplitMix(u64);
 
 impl SplitMix {
-    fn new(seed: u64, epoch: u64) -> Self {
+    pub(crate) fn new(seed: u64, epoch: u64) -> Self {
         let mut s = Self(seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         s.next();
         s
     }
 
-    fn fork(self, stream: u64) -> Self {
+    pub(crate) fn fork(self, stream: u64) -> Self {
         Self::new(self.0, stream.wrapping_add(0xA076_1D64_78BD_642F))
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -205,8 +205,13 @@ impl SplitMix {
         z ^ (z >> 31)
     }
 
+    /// Uniform in `[0, 1)` with 53 random bits.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// Uniform in `0..n` (Lemire's multiply-shift with rejection: no modulo bias).
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         loop {
             let m = (self.next() as u128) * (n as u128);
             let low = m as u64;
