@@ -8,9 +8,11 @@
 //! [`augment`], torchvision's RandomResizedCrop / flip / eval-crop geometry keyed per sample.
 
 pub mod augment;
+pub mod decode;
 pub mod order;
 pub mod resize;
 
 pub use augment::{eval_geometry, train_params, EvalGeometry, TrainParams};
+pub use decode::{DecodeError, Decoder, Image};
 pub use order::{Mode, Order, OrderError, Position, Uneven};
 pub use resize::{flip_horizontal, Crop, Resizer};
