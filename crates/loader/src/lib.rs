@@ -10,9 +10,11 @@
 pub mod augment;
 pub mod decode;
 pub mod order;
+pub mod pipeline;
 pub mod resize;
 
 pub use augment::{eval_geometry, train_params, EvalGeometry, TrainParams};
 pub use decode::{DecodeError, Decoder, Image};
 pub use order::{Mode, Order, OrderError, Position, Uneven};
+pub use pipeline::{Batch, BatchStats, Config, Loader, LoaderError, OnBadSample, Skipped};
 pub use resize::{flip_horizontal, Crop, Resizer};
