@@ -26,6 +26,8 @@ struct Axis {
     /// `ksize` weights per output pixel.
     weights: Vec<i32>,
     ksize: usize,
+    /// One output pixel's weights before rounding (kept to reuse its allocation).
+    exact: Vec<f64>,
 }
 
 impl Axis {
@@ -38,7 +40,9 @@ impl Axis {
         self.bounds.clear();
         self.weights.clear();
         self.weights.resize(out_size * self.ksize, 0);
-        let mut k = vec![0.0f64; self.ksize];
+        let mut k = std::mem::take(&mut self.exact);
+        k.clear();
+        k.resize(self.ksize, 0.0);
         for xx in 0..out_size {
             let center = (xx as f64 + 0.5) * scale;
             let xmin = ((center - support + 0.5) as i64).max(0) as usize;
@@ -63,6 +67,7 @@ impl Axis {
             }
             self.bounds.push((xmin, taps));
         }
+        self.exact = k;
     }
 }
 
