@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -196,6 +197,7 @@ pub struct Loader {
     waited: Duration,
     busy_since: Option<Instant>,
     busy: Duration,
+    decodes: Arc<AtomicU64>,
 }
 
 impl Loader {
@@ -224,13 +226,15 @@ impl Loader {
             .map_err(|e| LoaderError::Config(e.to_string()))?;
         let (jobs, job_rx) = bounded::<Job>(config.prefetch);
         let (result_tx, results) = bounded(config.prefetch + config.workers);
+        let decodes = Arc::new(AtomicU64::new(0));
         let workers = (0..config.workers)
             .map(|id| {
                 let (rx, tx) = (job_rx.clone(), result_tx.clone());
                 let (shards, pool, config) = (shards.clone(), pool.clone(), config.clone());
+                let decodes = decodes.clone();
                 std::thread::Builder::new()
                     .name(format!("redline-loader-{id}"))
-                    .spawn(move || worker(id, &shards, &pool, &config, &rx, &tx))
+                    .spawn(move || worker(id, &shards, &pool, &config, &rx, &tx, decodes))
                     .map_err(|e| LoaderError::Config(format!("spawning a worker: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -250,7 +254,14 @@ impl Loader {
             waited: Duration::ZERO,
             busy_since: None,
             busy: Duration::ZERO,
+            decodes,
         })
+    }
+
+    /// Images decoded so far by every worker (each draw decodes the stored bytes: nothing
+    /// decoded is cached, and this counter is how a test proves it).
+    pub fn decodes(&self) -> u64 {
+        self.decodes.load(Ordering::Relaxed)
     }
 
     /// Batches per epoch on this rank.
@@ -363,8 +374,12 @@ fn worker(
     config: &Config,
     jobs: &Receiver<Job>,
     results: &Sender<(u64, Result<Batch, LoaderError>)>,
+    decodes: Arc<AtomicU64>,
 ) {
-    let mut state = WorkerState::default();
+    let mut state = WorkerState {
+        decodes,
+        ..WorkerState::default()
+    };
     while let Ok(job) = jobs.recv() {
         // Fails only once the pool is closed: the loader is going away.
         let Ok(buffer) = pool.acquire() else { return };
@@ -391,6 +406,7 @@ struct WorkerState {
     decoder: Decoder,
     resizer: Resizer,
     scratch: Vec<u8>,
+    decodes: Arc<AtomicU64>,
 }
 
 fn build(
@@ -470,6 +486,7 @@ fn one_sample(
         record: record.index,
         reason,
     };
+    state.decodes.fetch_add(1, Ordering::Relaxed);
     let image = state.decoder.decode(record.bytes).map_err(|e| fail(e.0))?;
     let (w, h, res) = (image.width, image.height, config.res);
     if config.train {

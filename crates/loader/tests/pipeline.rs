@@ -88,6 +88,17 @@ fn batches_do_not_depend_on_the_worker_count_and_epochs_differ() {
         l
     };
     assert_eq!(epoch_labels(0..6), epoch_labels(6..12));
+    // Nothing decoded is cached: two epochs decode every sample twice (or more, counting the
+    // batches prefetched beyond them).
+    let mut loader = Loader::new(set.clone(), config(2, true), Position::default()).unwrap();
+    for _ in 0..12 {
+        loader.next().unwrap().unwrap();
+    }
+    assert!(
+        loader.decodes() >= 48,
+        "{} decodes for 48 samples",
+        loader.decodes()
+    );
     assert_ne!(one[0].2, one[6].2);
     assert_eq!(one[6].0, Position { epoch: 1, index: 0 });
 }
