@@ -20,6 +20,31 @@ pub enum Bench {
     /// Op throughput in GFLOP/s — GEMM, 3×3 convolution (forward, forward+backward, NCHW and
     /// channels-last), batch norm — on a backend, optionally next to PyTorch in the same run.
     Ops(OpsArgs),
+    /// The loader's training pipeline (img/s, per core, batch build p50/p99, decode rate),
+    /// optionally next to PyTorch's DataLoader on the same images in the same run.
+    Loader(LoaderArgs),
+}
+
+#[derive(Args)]
+pub struct LoaderArgs {
+    /// A shard set (`cargo xtask shards synth` or `shards build` makes one).
+    #[arg(long)]
+    shards: PathBuf,
+    /// Decode threads (default: every core).
+    #[arg(long)]
+    workers: Option<usize>,
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    #[arg(long, default_value_t = 224)]
+    res: usize,
+    #[arg(long, default_value_t = 20)]
+    seconds: usize,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Run the same images through PyTorch's DataLoader (`benches/pytorch/loader.py`) or FFCV.
+    #[arg(long, value_parser = ["pytorch", "ffcv"])]
+    vs: Option<String>,
 }
 
 #[derive(Args)]
@@ -50,6 +75,7 @@ pub fn run(bench: Bench) -> Result<()> {
     match bench {
         Bench::Shards(args) => shards(args),
         Bench::Ops(args) => ops(args),
+        Bench::Loader(args) => loader(args),
     }
 }
 
@@ -309,4 +335,121 @@ fn summary(rows: &[Value], pytorch: &dyn Fn(&str) -> Option<f64>) {
     if let (Some((a, la)), Some((b, lb))) = (best(&ours, stem), best(pytorch, stem)) {
         println!("conv fwd+bwd, best layouts (redline {la}, PyTorch {lb}): {:.2}x PyTorch (goal >= 1.0x)", a / b);
     }
+}
+
+fn python_has(modules: &str) -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn loader(args: LoaderArgs) -> Result<()> {
+    match args.vs.as_deref() {
+        Some("pytorch") if !python_has("torch, torchvision") => anyhow::bail!(
+            "--vs pytorch needs torch and torchvision importable by `python3`: \
+             `pip install torch torchvision`"
+        ),
+        Some("ffcv") => anyhow::bail!(
+            "--vs ffcv is not implemented yet (issue 6); FFCV itself installs with \
+             `apt-get install libturbojpeg0-dev libopencv-dev pkg-config` then `pip install ffcv`"
+        ),
+        _ => {}
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = args.workers.unwrap_or(cores);
+    let ours_path = run::target_dir().join("bench-loader.json");
+    let folder = run::target_dir().join("bench-loader-imagefolder");
+    let mut cmd = run::cargo();
+    cmd.args([
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "redline-benches",
+        "--bin",
+        "bench-loader",
+        "--",
+    ])
+    .arg("--shards")
+    .arg(&args.shards)
+    .arg("--out")
+    .arg(&ours_path)
+    .args([
+        "--workers",
+        &workers.to_string(),
+        "--batch",
+        &args.batch.to_string(),
+    ])
+    .args([
+        "--res",
+        &args.res.to_string(),
+        "--seconds",
+        &args.seconds.to_string(),
+    ]);
+    if args.vs.is_some() {
+        let _ = fs::remove_dir_all(&folder);
+        cmd.arg("--folder").arg(&folder);
+    }
+    run::check(&mut cmd)?;
+    let mut report = read_json(&ours_path)?;
+    let ours = report["images_per_sec"].as_f64().unwrap_or(f64::NAN);
+    if args.vs.as_deref() == Some("pytorch") {
+        let path = run::target_dir().join("bench-loader-pytorch.json");
+        let mut py = std::process::Command::new("python3");
+        py.current_dir(run::root())
+            .arg("benches/pytorch/loader.py")
+            .arg("--folder")
+            .arg(&folder)
+            .arg("--out")
+            .arg(&path)
+            .args([
+                "--workers",
+                &workers.to_string(),
+                "--batch",
+                &args.batch.to_string(),
+            ])
+            .args([
+                "--res",
+                &args.res.to_string(),
+                "--seconds",
+                &args.seconds.to_string(),
+            ]);
+        run::check(&mut py)?;
+        let theirs = read_json(&path)?["images_per_sec"].as_f64();
+        report["pytorch_images_per_sec"] = json!(theirs);
+    }
+    let f = |k: &str| report[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "\nbench loader: {} workers, batch {}, {}px, {} s",
+        workers, args.batch, args.res, args.seconds
+    );
+    println!(
+        "  redline        {:>8.0} img/s  ({:.0} per core)",
+        ours,
+        f("images_per_sec_per_core")
+    );
+    println!(
+        "  batch build    p50 {:.1} ms, p99 {:.1} ms",
+        f("batch_build_p50_ms"),
+        f("batch_build_p99_ms")
+    );
+    println!(
+        "  decoder alone  {:>8.0} img/s on one core (full-image zune-jpeg)",
+        f("decode_images_per_sec_one_core")
+    );
+    if let Some(p) = report["pytorch_images_per_sec"].as_f64() {
+        println!(
+            "  PyTorch        {:>8.0} img/s  → redline {:.2}x",
+            p,
+            ours / p
+        );
+    }
+    if let Some(path) = args.json {
+        fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }

@@ -1,0 +1,119 @@
+//! `bench-loader --shards DIR --out PATH [--workers N] [--batch B] [--res R] [--seconds S]
+//! [--folder DIR]`: the loader's training pipeline for S seconds after a warm-up batch — img/s,
+//! img/s per core, p50/p99 batch build time — and the chosen decoder's plain full-image decode
+//! rate on one core. `--folder DIR` also writes the records as an ImageFolder tree (for the
+//! PyTorch side). `cargo xtask bench loader` drives it.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redline_loader::{Config, Decoder, Loader, Position};
+use redline_shard::ShardSet;
+use serde_json::json;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-loader: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let number = |name: &str, default: usize| -> Result<usize, Box<dyn std::error::Error>> {
+        Ok(flag(name)
+            .map(|v| v.parse())
+            .transpose()?
+            .unwrap_or(default))
+    };
+    let shards = flag("--shards").ok_or("--shards DIR is required")?;
+    let out = flag("--out").ok_or("--out PATH is required")?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (workers, batch, res) = (
+        number("--workers", cores)?,
+        number("--batch", 64)?,
+        number("--res", 224)?,
+    );
+    let seconds = number("--seconds", 20)? as f64;
+    let set = Arc::new(ShardSet::open(&shards)?);
+    if let Some(folder) = flag("--folder") {
+        export_folder(&set, &folder)?;
+    }
+
+    // The decoder alone, one core: full-image decodes per second.
+    let mut decoder = Decoder::new();
+    let (start, mut decoded) = (Instant::now(), 0u64);
+    while start.elapsed().as_secs_f64() < (seconds / 4.0).max(1.0) {
+        let record = set.record(decoded % set.len())?;
+        decoder.decode(record.bytes)?;
+        decoded += 1;
+    }
+    let decode_rate = decoded as f64 / start.elapsed().as_secs_f64();
+
+    let mut config = Config::new(batch, res, true);
+    config.workers = workers;
+    let mut loader = Loader::new(set.clone(), config, Position::default())?;
+    loader.next().ok_or("no batch")??;
+    let (start, mut images, mut build) = (Instant::now(), 0usize, Vec::new());
+    while start.elapsed().as_secs_f64() < seconds {
+        let b = loader.next().ok_or("the loader ended")??;
+        images += b.len;
+        build.push(b.stats.work);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    build.sort();
+    let pct = |p: f64| {
+        build
+            .get(((build.len() - 1) as f64 * p) as usize)
+            .copied()
+            .unwrap_or(Duration::ZERO)
+    };
+    let rate = images as f64 / elapsed;
+    let report = json!({
+        "images_per_sec": rate,
+        "images_per_sec_per_core": rate / workers.min(cores) as f64,
+        "workers": workers,
+        "batch": batch,
+        "res": res,
+        "images": images,
+        "seconds": elapsed,
+        "batch_build_p50_ms": pct(0.5).as_secs_f64() * 1e3,
+        "batch_build_p99_ms": pct(0.99).as_secs_f64() * 1e3,
+        "decode_images_per_sec_one_core": decode_rate,
+        "data_stall": loader.data_stall(),
+        "decoder": "zune-jpeg",
+    });
+    std::fs::write(&out, serde_json::to_string_pretty(&report)? + "\n")?;
+    Ok(())
+}
+
+/// The set's records as `folder/<class>/<index>.<ext>` (an ImageFolder tree).
+fn export_folder(set: &ShardSet, folder: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let classes = set.classes();
+    for i in 0..set.len() {
+        let r = set.record(i)?;
+        let class = classes
+            .get(r.label.max(0) as usize)
+            .cloned()
+            .unwrap_or_else(|| format!("{}", r.label));
+        let dir = std::path::Path::new(folder).join(class);
+        std::fs::create_dir_all(&dir)?;
+        let ext = if r.bytes.starts_with(&[0xFF, 0xD8]) {
+            "jpg"
+        } else {
+            "png"
+        };
+        std::fs::write(dir.join(format!("{i:08}.{ext}")), r.bytes)?;
+    }
+    Ok(())
+}
