@@ -362,6 +362,16 @@ fn loader(args: LoaderArgs) -> Result<()> {
     let workers = args.workers.unwrap_or(cores);
     let ours_path = run::target_dir().join("bench-loader.json");
     let folder = run::target_dir().join("bench-loader-imagefolder");
+    // The flags both sides take, so they run the same workload.
+    let shared: Vec<String> = [
+        ("--workers", workers),
+        ("--batch", args.batch),
+        ("--res", args.res),
+        ("--seconds", args.seconds),
+    ]
+    .iter()
+    .flat_map(|(flag, value)| [flag.to_string(), value.to_string()])
+    .collect();
     let mut cmd = run::cargo();
     cmd.args([
         "run",
@@ -377,18 +387,7 @@ fn loader(args: LoaderArgs) -> Result<()> {
     .arg(&args.shards)
     .arg("--out")
     .arg(&ours_path)
-    .args([
-        "--workers",
-        &workers.to_string(),
-        "--batch",
-        &args.batch.to_string(),
-    ])
-    .args([
-        "--res",
-        &args.res.to_string(),
-        "--seconds",
-        &args.seconds.to_string(),
-    ]);
+    .args(&shared);
     if args.vs.is_some() {
         let _ = fs::remove_dir_all(&folder);
         cmd.arg("--folder").arg(&folder);
@@ -409,18 +408,7 @@ fn loader(args: LoaderArgs) -> Result<()> {
             .arg(&folder)
             .arg("--out")
             .arg(&path)
-            .args([
-                "--workers",
-                &workers.to_string(),
-                "--batch",
-                &args.batch.to_string(),
-            ])
-            .args([
-                "--res",
-                &args.res.to_string(),
-                "--seconds",
-                &args.seconds.to_string(),
-            ]);
+            .args(&shared);
         run::check(&mut py)?;
         let theirs = read_json(&path)?["images_per_sec"].as_f64();
         report[key] = json!(theirs);
