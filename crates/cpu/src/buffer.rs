@@ -58,36 +58,41 @@ const RECYCLE_MIN_BYTES: usize = 1 << 16;
 /// At most this many freed vectors are kept per element type.
 const RECYCLE_MAX: usize = 64;
 
+/// A freed vector of exactly `len` elements, if one is kept (stale contents).
+fn reuse<E: Elem>(len: usize) -> Option<Vec<E>> {
+    if len * std::mem::size_of::<E>() < RECYCLE_MIN_BYTES {
+        return None;
+    }
+    let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
+    let i = free.iter().position(|v| v.capacity() == len)?;
+    Some(free.swap_remove(i))
+}
+
 /// `len` zeros. Large outputs reuse a freed vector of exactly that size when there is one: a
 /// training step allocates the same shapes every time, and a fresh multi-megabyte vector costs a
 /// page fault per 4 KiB on first touch — more than the op that fills it.
 pub(crate) fn zeros<E: Elem>(len: usize) -> Vec<E> {
-    if len * std::mem::size_of::<E>() >= RECYCLE_MIN_BYTES {
-        let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = free.iter().position(|v| v.capacity() == len) {
-            let mut v = free.swap_remove(i);
-            drop(free);
+    match reuse(len) {
+        Some(mut v) => {
             v.clear();
             v.resize(len, E::default());
-            return v;
+            v
         }
+        None => vec![E::default(); len],
     }
-    vec![E::default(); len]
 }
 
 /// `len` elements that the caller overwrites completely: a recycled vector as it is (no fill
-/// pass), else fresh pages.
+/// pass; stale values of the same type are initialised and about to be replaced), else fresh
+/// pages.
 pub(crate) fn overwritten<E: Elem>(len: usize) -> Vec<E> {
-    if len * std::mem::size_of::<E>() >= RECYCLE_MIN_BYTES {
-        let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = free.iter().position(|v| v.capacity() == len) {
-            let mut v = free.swap_remove(i);
-            // Stale values of the same type: initialised, and every one is about to be replaced.
+    match reuse(len) {
+        Some(mut v) => {
             v.resize(len, E::default());
-            return v;
+            v
         }
+        None => vec![E::default(); len],
     }
-    vec![E::default(); len]
 }
 
 /// Gives a large vector back for [`zeros`] to reuse.
@@ -320,6 +325,42 @@ macro_rules! with_compute {
 }
 pub(crate) use with_compute;
 
+/// A [`Data`] of `$dtype` from the generic expression, with `$e` as that dtype's element type.
+macro_rules! build_data {
+    ($dtype:expr, $e:ident => $body:expr) => {
+        match $dtype {
+            DType::F64 => {
+                type $e = f64;
+                Data::F64($body)
+            }
+            DType::F32 => {
+                type $e = f32;
+                Data::F32($body)
+            }
+            DType::F16 => {
+                type $e = f16;
+                Data::F16($body)
+            }
+            DType::BF16 => {
+                type $e = bf16;
+                Data::BF16($body)
+            }
+            DType::U8 => {
+                type $e = u8;
+                Data::U8($body)
+            }
+            DType::I32 => {
+                type $e = i32;
+                Data::I32($body)
+            }
+            DType::I64 => {
+                type $e = i64;
+                Data::I64($body)
+            }
+        }
+    };
+}
+
 /// A storage's elements as compute type `C`: borrowed when they already are, converted otherwise.
 pub(crate) fn as_compute<C: Real>(data: &Data) -> Cow<'_, [C]> {
     if let Some(v) = C::borrow(data) {
@@ -346,15 +387,7 @@ pub(crate) fn from_compute<C: Real>(dtype: DType, values: Vec<C>) -> Data {
         return data;
     }
     let values = C::borrow(&data).unwrap_or_default();
-    match dtype {
-        DType::F64 => Data::F64(convert_slice(values)),
-        DType::F32 => Data::F32(convert_slice(values)),
-        DType::F16 => Data::F16(convert_slice(values)),
-        DType::BF16 => Data::BF16(convert_slice(values)),
-        DType::U8 => Data::U8(convert_slice(values)),
-        DType::I32 => Data::I32(convert_slice(values)),
-        DType::I64 => Data::I64(convert_slice(values)),
-    }
+    build_data!(dtype, E => convert_slice::<C, E>(values))
 }
 
 impl Data {
@@ -376,34 +409,11 @@ impl Data {
 
     /// `len` elements of `dtype`, all `value` rounded to the dtype.
     pub fn filled(dtype: DType, len: usize, value: f64) -> Data {
-        fn full<E: Elem>(len: usize, value: f64) -> Vec<E> {
-            vec![E::from_f64(value); len]
-        }
-        match dtype {
-            DType::F64 => Data::F64(full(len, value)),
-            DType::F32 => Data::F32(full(len, value)),
-            DType::F16 => Data::F16(full(len, value)),
-            DType::BF16 => Data::BF16(full(len, value)),
-            DType::U8 => Data::U8(full(len, value)),
-            DType::I32 => Data::I32(full(len, value)),
-            DType::I64 => Data::I64(full(len, value)),
-        }
+        build_data!(dtype, E => vec![E::from_f64(value); len])
     }
 
     /// Little-endian bytes of `dtype` as a storage.
     pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Data {
-        fn decode<E: Elem>(bytes: &[u8], size: usize) -> Vec<E> {
-            bytes.chunks_exact(size).map(E::from_le).collect()
-        }
-        let size = dtype.size();
-        match dtype {
-            DType::F64 => Data::F64(decode(bytes, size)),
-            DType::F32 => Data::F32(decode(bytes, size)),
-            DType::F16 => Data::F16(decode(bytes, size)),
-            DType::BF16 => Data::BF16(decode(bytes, size)),
-            DType::U8 => Data::U8(bytes.to_vec()),
-            DType::I32 => Data::I32(decode(bytes, size)),
-            DType::I64 => Data::I64(decode(bytes, size)),
-        }
+        build_data!(dtype, E => bytes.chunks_exact(dtype.size()).map(<E as Elem>::from_le).collect())
     }
 }

@@ -80,7 +80,16 @@ pub(crate) unsafe fn sgemm(
         for k0 in (0..k).step_by(KC) {
             let kc = KC.min(k - k0);
             // SAFETY: reads within b's matrix.
-            unsafe { pack_b(pb, b, rsb, csb, k0, kc, n) };
+            unsafe {
+                pack_b(
+                    pb,
+                    |p| Some(b.wrapping_offset(p as isize * rsb)),
+                    csb,
+                    k0,
+                    kc,
+                    n,
+                )
+            };
             // The first K block applies beta; later ones accumulate.
             let beta = if k0 == 0 { beta } else { 1.0 };
             for i0 in (0..m).step_by(MC) {
@@ -157,7 +166,16 @@ impl PackedB {
     pub unsafe fn new(b: *const f32, [rsb, csb]: [isize; 2], k: usize, n: usize) -> Self {
         let mut data = vec![0.0; n.div_ceil(NR) * NR * k];
         // SAFETY: the caller's contract.
-        unsafe { pack_b(&mut data, b, rsb, csb, 0, k, n) };
+        unsafe {
+            pack_b(
+                &mut data,
+                |p| Some(b.wrapping_offset(p as isize * rsb)),
+                csb,
+                0,
+                k,
+                n,
+            )
+        };
         Self { k, n, data }
     }
 }
@@ -235,7 +253,7 @@ pub(crate) unsafe fn implicit_weight_grad(
             let kc = KC.min(m - q0);
             // SAFETY: rows q0..q0+kc of g; the a addresses are the caller's contract.
             unsafe {
-                pack_rows(pb, &g_row, q0, kc, n);
+                pack_b(pb, &g_row, 1, q0, kc, n);
                 pack_taps(pa, a, lda, taps, run, q0, kc);
             }
             // Every (tap, channel) row at once: 12-row panels run across tap boundaries, so
@@ -270,32 +288,6 @@ pub(crate) unsafe fn implicit_weight_grad(
             }
         }
     });
-}
-
-/// B rows `q0..q0+kc` given by row pointers (None: a zero row) into `NR`-column panels.
-unsafe fn pack_rows(
-    pb: &mut [f32],
-    row: &impl Fn(usize) -> Option<*const f32>,
-    q0: usize,
-    kc: usize,
-    n: usize,
-) {
-    for p in 0..kc {
-        let src = row(q0 + p);
-        for jp in 0..n.div_ceil(NR) {
-            let cols = NR.min(n - jp * NR);
-            let dst = &mut pb[(jp * kc + p) * NR..(jp * kc + p + 1) * NR];
-            match src {
-                // SAFETY: the row holds n values (the caller's contract).
-                Some(r) => {
-                    let r = unsafe { std::slice::from_raw_parts(r.add(jp * NR), cols) };
-                    dst[..cols].copy_from_slice(r);
-                    dst[cols..].fill(0.0);
-                }
-                None => dst.fill(0.0),
-            }
-        }
-    }
 }
 
 /// Packs the implicit im2col matrix transposed — row `t·run + s`, column `q` (for `q` in
@@ -340,36 +332,40 @@ unsafe fn pack_taps(
     }
 }
 
-/// B rows `k0..k0+kc` into `NR`-column panels, k-major, zero-padded past `n`.
+/// B rows `k0..k0+kc` into `NR`-column panels, k-major, zero-padded past `n`. Row `p` starts
+/// at `row(p)` with columns `csb` apart; None is a row of zeros (a dropped output).
 unsafe fn pack_b(
     pb: &mut [f32],
-    b: *const f32,
-    rsb: isize,
+    row: impl Fn(usize) -> Option<*const f32>,
     csb: isize,
     k0: usize,
     kc: usize,
     n: usize,
 ) {
-    for jp in 0..n.div_ceil(NR) {
-        let panel = &mut pb[jp * NR * kc..(jp + 1) * NR * kc];
-        let cols = NR.min(n - jp * NR);
-        for p in 0..kc {
-            let row = &mut panel[p * NR..(p + 1) * NR];
-            // SAFETY: (k0 + p, jp·NR + j) is inside b for j < cols.
-            let src = unsafe { b.offset((k0 + p) as isize * rsb + (jp * NR) as isize * csb) };
+    for p in 0..kc {
+        let start = row(k0 + p);
+        for jp in 0..n.div_ceil(NR) {
+            let cols = NR.min(n - jp * NR);
+            let dst = &mut pb[(jp * kc + p) * NR..(jp * kc + p + 1) * NR];
+            let Some(start) = start else {
+                dst.fill(0.0);
+                continue;
+            };
+            // SAFETY: columns jp·NR.. of the row are inside b for j < cols (the caller's contract).
+            let src = unsafe { start.offset((jp * NR) as isize * csb) };
             if csb == 1 && cols == NR {
                 // SAFETY: as above; a fixed-size copy (inline moves).
-                row.copy_from_slice(unsafe { &*(src as *const [f32; NR]) });
+                dst.copy_from_slice(unsafe { &*(src as *const [f32; NR]) });
             } else if csb == 1 {
                 // SAFETY: as above, `cols` contiguous elements.
-                row[..cols].copy_from_slice(unsafe { std::slice::from_raw_parts(src, cols) });
+                dst[..cols].copy_from_slice(unsafe { std::slice::from_raw_parts(src, cols) });
             } else {
-                for (j, v) in row[..cols].iter_mut().enumerate() {
+                for (j, v) in dst[..cols].iter_mut().enumerate() {
                     // SAFETY: as above.
                     *v = unsafe { *src.offset(j as isize * csb) };
                 }
             }
-            row[cols..].fill(0.0);
+            dst[cols..].fill(0.0);
         }
     }
 }
