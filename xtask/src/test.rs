@@ -165,6 +165,17 @@ pub fn run(args: TestArgs) -> Result<()> {
     phase("cargo test", &mut || {
         cargo_phase(run::cargo().args(["test", "--workspace"]))
     });
+    // The workspace build turns on the loader's libjpeg-turbo feature (the benches use it); the
+    // loader alone must also build and pass on pure Rust (zune-jpeg only).
+    phase("loader, pure Rust", &mut || {
+        let lint = ["clippy", "--package", "redline-loader", "--all-targets"];
+        match cargo_phase(run::cargo().args(lint).args(["--", "-D", "warnings"])) {
+            Outcome::Passed(_) => {
+                cargo_phase(run::cargo().args(["test", "--package", "redline-loader"]))
+            }
+            failed => failed,
+        }
+    });
     phase("format spec (Python reader)", &mut || match spec_check() {
         Ok(note) => Outcome::Passed(note),
         Err(e) => Outcome::Failed(format!("{e:#}")),

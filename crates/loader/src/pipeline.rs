@@ -23,7 +23,7 @@ use redline_hostmem::{BufferPool, PooledBuffer};
 use redline_shard::ShardSet;
 
 use crate::augment::{eval_geometry, train_params};
-use crate::decode::Decoder;
+use crate::decode::{Codec, Decoder, Region};
 use crate::order::{Mode, Order, Position, Uneven};
 use crate::resize::{flip_horizontal, Crop, Resizer};
 
@@ -56,6 +56,8 @@ pub struct Config {
     /// Drop a last, short batch.
     pub drop_last: bool,
     pub on_bad_sample: OnBadSample,
+    /// The JPEG codec (default: the fastest built in, [`Codec::best`]).
+    pub codec: Codec,
 }
 
 impl Config {
@@ -77,6 +79,7 @@ impl Config {
             prefetch: 3,
             drop_last: train,
             on_bad_sample: OnBadSample::Fail,
+            codec: Codec::best(),
         }
     }
 }
@@ -222,6 +225,8 @@ impl Loader {
         }
         let sample = config.res * config.res * 3;
         let buffers = config.prefetch + 2;
+        // At most `prefetch` batches are in flight, so this never grows.
+        let pending = VecDeque::with_capacity(config.prefetch + 1);
         let pool = BufferPool::page_aligned(buffers, config.batch * (sample + 8))
             .map_err(|e| LoaderError::Config(e.to_string()))?;
         let (jobs, job_rx) = bounded::<Job>(config.prefetch);
@@ -250,7 +255,7 @@ impl Loader {
             epoch_order,
             issued: 0,
             delivered: 0,
-            pending: VecDeque::new(),
+            pending,
             waited: Duration::ZERO,
             busy_since: None,
             busy: Duration::ZERO,
@@ -378,6 +383,7 @@ fn worker(
 ) {
     let mut state = WorkerState {
         decodes,
+        decoder: Decoder::with_codec(config.codec),
         ..WorkerState::default()
     };
     while let Ok(job) = jobs.recv() {
@@ -487,29 +493,63 @@ fn one_sample(
         reason,
     };
     state.decodes.fetch_add(1, Ordering::Relaxed);
-    let image = state.decoder.decode(record.bytes).map_err(|e| fail(e.0))?;
-    let (w, h, res) = (image.width, image.height, config.res);
+    let res = config.res;
     if config.train {
-        let p = train_params(config.seed, epoch, index, w, h);
+        let mut params = None;
+        let decoded = state
+            .decoder
+            .decode_region(record.bytes, |w, h| {
+                let p = train_params(config.seed, epoch, index, w, h);
+                params = Some(p);
+                Region {
+                    crop: p.crop,
+                    min_width: res,
+                    min_height: res,
+                }
+            })
+            .map_err(|e| fail(e.0))?;
+        let image = decoded.image;
+        state.resizer.reserve(decoded.full, (res, res));
         state
             .resizer
-            .resize(image.pixels, w * 3, p.crop, res, res, out);
-        if p.flip {
+            .resize(image.pixels, image.width * 3, decoded.crop, res, res, out);
+        if params.is_some_and(|p| p.flip) {
             flip_horizontal(out, res, res);
         }
     } else {
-        let g = eval_geometry(w, h, res);
-        let whole = Crop {
-            left: 0,
-            top: 0,
-            width: w,
-            height: h,
+        let mut geometry = None;
+        let decoded = state
+            .decoder
+            .decode_region(record.bytes, |w, h| {
+                let g = eval_geometry(w, h, res);
+                geometry = Some(g);
+                Region {
+                    crop: Crop {
+                        left: 0,
+                        top: 0,
+                        width: w,
+                        height: h,
+                    },
+                    min_width: g.resized_width,
+                    min_height: g.resized_height,
+                }
+            })
+            .map_err(|e| fail(e.0))?;
+        let Some(g) = geometry else {
+            return Err(fail("decoded without a plan".into()));
         };
+        let image = decoded.image;
         let (rw, rh) = (g.resized_width, g.resized_height);
+        state.resizer.reserve(decoded.full, (rw, rh));
         state.scratch.resize(rw * rh * 3, 0);
-        state
-            .resizer
-            .resize(image.pixels, w * 3, whole, rw, rh, &mut state.scratch);
+        state.resizer.resize(
+            image.pixels,
+            image.width * 3,
+            decoded.crop,
+            rw,
+            rh,
+            &mut state.scratch,
+        );
         for (y, row) in out
             .chunks_exact_mut(res * 3)
             .enumerate()

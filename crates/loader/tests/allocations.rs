@@ -1,6 +1,9 @@
 //! The steady state allocates nothing in the pipeline itself. A counting global allocator (this
 //! test binary only) counts allocations on every thread; the decoder's own allocations (zune-jpeg
 //! allocates per image internally) are measured separately on the same images and subtracted.
+//! libjpeg-turbo (feature `turbojpeg`) makes no Rust allocations per image once its output
+//! buffer has grown; its C-side working memory (libjpeg's per-image pools, through `malloc`) is
+//! outside this counter.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,7 +80,8 @@ fn steady_state_batches_allocate_only_inside_the_decoder() {
         drop(loader.next().unwrap().unwrap());
     }
     let (before, decoded) = (allocations(), loader.decodes());
-    let batches = 12;
+    // 96 batches of 8 from 32 images: 24 epochs.
+    let (batches, epochs) = (96, 24.0);
     for _ in 0..batches {
         drop(loader.next().unwrap().unwrap());
     }
@@ -88,11 +92,20 @@ fn steady_state_batches_allocate_only_inside_the_decoder() {
         "decoder: {per_decode:.1} allocations per image; pipeline: {during} allocations for \
          {batches} batches, {pipeline:.1} beyond the decoder's"
     );
-    // What remains is per epoch, not per batch: each epoch boundary computes the next order
-    // (a few vectors; 3 epochs pass here). The decode counter ticks as a decode starts, so up to
-    // one image per worker may be counted before its allocations: allow that much.
+    // What remains is per epoch, not per batch: each epoch boundary computes the next order (3
+    // vectors and an Arc, measured: 4 allocations an epoch). The decode counter ticks as a
+    // decode starts, and both counters are read while workers run, so up to a batch and one
+    // image per worker of decoder allocations may fall on either side of the window. Beyond
+    // that, crossbeam-channel now and then builds a fresh 48-byte waiter context (and a 96-byte
+    // waiter list) when a blocking send or receive finds its thread's cached one in use:
+    // measured 0–14 per 96 batches, never one per batch. One allocation per batch would put the
+    // rate at 1.0 or more.
+    let per_epoch = epochs * 4.0;
+    let slack = per_decode * (8.0 + 2.0);
+    let rate = (pipeline - per_epoch - slack).max(0.0) / batches as f64;
     assert!(
-        pipeline <= 3.0 * 4.0 + 2.0 * per_decode,
-        "{pipeline:.1} allocations per {batches} batches outside the decoder"
+        rate < 0.25,
+        "{pipeline:.1} allocations in {batches} batches outside the decoder: {rate:.2} a batch \
+         beyond the per-epoch order"
     );
 }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use image::{ImageFormat, RgbImage};
-use redline_loader::{Config, Loader, LoaderError, OnBadSample, Position};
+use redline_loader::{Codec, Config, Loader, LoaderError, OnBadSample, Position};
 use redline_shard::{RecordInfo, SetOptions, SetWriter, ShardSet};
 
 /// `n` JPEGs of varied sizes; sample i has label i % 10 and a colour that encodes i. Records in
@@ -181,4 +181,37 @@ fn dropping_mid_epoch_stops_every_worker_and_stats_add_up() {
     drop(loader);
     assert_eq!(Arc::strong_count(&set), 1, "every worker thread joined");
     drop((first, second));
+}
+
+/// Every codec gives the same batches up to decoding differences: libjpeg-turbo's cropped and
+/// DCT-scaled decodes (these crops are 2–5× the 16-pixel output, so most are scaled) land on the
+/// same pixels as zune-jpeg's full-size decode + crop, for training and evaluation.
+#[test]
+fn codecs_agree_on_every_batch() {
+    let (_dir, set) = shard_set(24, &[]);
+    for train in [true, false] {
+        let batches = |codec: Codec| {
+            let mut c = config(2, train);
+            c.codec = codec;
+            run(Loader::new(set.clone(), c, Position::default()).unwrap(), 6)
+        };
+        let reference = batches(Codec::Zune);
+        for &codec in Codec::available() {
+            let other = batches(codec);
+            assert_eq!(other.len(), reference.len());
+            for ((p, labels, pixels), (q, their_labels, theirs)) in reference.iter().zip(&other) {
+                assert_eq!((p, labels), (q, their_labels), "{codec:?}");
+                let err = pixels
+                    .iter()
+                    .zip(theirs)
+                    .map(|(&a, &b)| (a as i32 - b as i32).abs() as f64)
+                    .sum::<f64>()
+                    / pixels.len() as f64;
+                assert!(
+                    err < 2.0,
+                    "{codec:?} train={train}: {err} levels from zune-jpeg's batch at {p:?}"
+                );
+            }
+        }
+    }
 }
