@@ -16,6 +16,8 @@
 //! - op methods → kernel launches (`stream.launch_builder`), cuBLASLt GEMMs, cuDNN calls on the
 //!   stream; nothing blocks the host.
 //! - `download` → `stream.memcpy_dtoh` into host memory + `stream.synchronize()`.
+//! - `download_async` → `stream.memcpy_dtoh` into pinned host memory + an event recorded after
+//!   it; [`Download::wait`] synchronises on that event only (later work keeps running).
 //! - `synchronize` → `stream.synchronize()`.
 //! - Graph capture: a training step whose shapes are static is bracketed by
 //!   `cuStreamBeginCapture`/`cuStreamEndCapture` and replayed with `cuGraphLaunch`; it works
@@ -107,6 +109,33 @@ impl Deref for HostBytes {
             HostBytes::Pooled(buffer, used) => &buffer[..(*used).min(buffer.len())],
             HostBytes::Owned(bytes) => bytes,
         }
+    }
+}
+
+/// A device-to-host copy in flight, from [`Backend::download_async`]: [`wait`](Self::wait)
+/// blocks until the bytes are on the host. Dropping it without waiting is allowed.
+pub struct Download(Box<dyn FnOnce() -> Result<Vec<u8>> + Send>);
+
+impl Download {
+    /// A copy that has already completed.
+    pub fn ready(bytes: Vec<u8>) -> Self {
+        Self(Box::new(move || Ok(bytes)))
+    }
+
+    /// A copy that `finish` completes (waiting for the device as needed).
+    pub fn pending(finish: impl FnOnce() -> Result<Vec<u8>> + Send + 'static) -> Self {
+        Self(Box::new(finish))
+    }
+
+    /// The bytes (little-endian elements, row-major), once the copy has completed.
+    pub fn wait(self) -> Result<Vec<u8>> {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for Download {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Download { .. }")
     }
 }
 
@@ -403,6 +432,15 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// The view's elements in row-major order as little-endian bytes. Waits for pending work.
     fn download(&self, x: View<'_>) -> Result<Vec<u8>>;
+
+    /// Starts copying the view's elements (row-major, little-endian) to the host and returns
+    /// without waiting: the copy sees every op enqueued before it, ops enqueued after it run
+    /// while it is in flight, and [`Download::wait`] blocks only until it has arrived (a trainer
+    /// reads last step's loss this way while the device runs this step). The default copies at
+    /// once, which is right for a backend whose ops run synchronously.
+    fn download_async(&self, x: View<'_>) -> Result<Download> {
+        self.download(x).map(Download::ready)
+    }
 
     /// Waits until every enqueued op has finished.
     fn synchronize(&self) -> Result<()>;

@@ -32,8 +32,8 @@ mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
 pub use backend::{
-    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, NnOp, Op, OptimOp,
-    OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
+    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, Download, HostBytes, NnOp, Op,
+    OptimOp, OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
 };
 pub use device::Device;
 pub use dtype::{DType, Element};
@@ -41,7 +41,7 @@ pub use error::{Result, TensorError};
 pub use layout::Layout;
 pub use ops::norm::RunningStats;
 pub use ops::optim;
-pub use tensor::Tensor;
+pub use tensor::{PendingVec, Tensor};
 
 /// The reference kernels' scalar formulas, shared with host backends that apply them per element
 /// (one definition of GELU, Philox, SGD and AdamW, not one per backend).

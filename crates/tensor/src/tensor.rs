@@ -1,10 +1,11 @@
 //! `Tensor`: a shared storage seen through a layout, on a device, maybe on the autograd tape.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use crate::autograd::{self, BackwardFn, Node};
-use crate::backend::{Backend, HostBytes, Op, OtherOp, Storage, View};
+use crate::backend::{Backend, Download, HostBytes, Op, OtherOp, Storage, View};
 use crate::device::Device;
 use crate::dtype::{self, DType, Element};
 use crate::error::{Result, TensorError};
@@ -109,6 +110,16 @@ impl Tensor {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         let bytes = self.device().backend().download(self.view())?;
         Ok(dtype::from_bytes(&bytes, self.dtype()))
+    }
+
+    /// Starts downloading the elements (row-major) without waiting for the device; the
+    /// [`PendingVec`] waits when read. Ops issued afterwards do not change what it reads.
+    pub fn to_vec_async<T: Element>(&self) -> Result<PendingVec<T>> {
+        Ok(PendingVec {
+            download: self.device().backend().download_async(self.view())?,
+            dtype: self.dtype(),
+            element: PhantomData,
+        })
     }
 
     /// Downloads the elements as f64 (exact for every dtype but i64 beyond 2^53).
@@ -333,5 +344,21 @@ impl fmt::Debug for Tensor {
                 ""
             }
         )
+    }
+}
+
+/// A download in flight, from [`Tensor::to_vec_async`].
+#[derive(Debug)]
+pub struct PendingVec<T> {
+    download: Download,
+    dtype: DType,
+    element: PhantomData<T>,
+}
+
+impl<T: Element> PendingVec<T> {
+    /// The elements, once the copy has arrived (blocks until then).
+    pub fn wait(self) -> Result<Vec<T>> {
+        let bytes = self.download.wait()?;
+        Ok(dtype::from_bytes(&bytes, self.dtype))
     }
 }

@@ -167,3 +167,18 @@ fn concat_stack_and_argmax() {
     assert_eq!(m.argmax(1, false).unwrap().to_vec::<i64>().unwrap(), [1, 2]);
     assert_eq!(m.argmax(1, false).unwrap().dtype(), DType::I64);
 }
+
+#[test]
+fn an_async_download_reads_what_a_download_reads() {
+    // The reference runs ops at once, so the default `download_async` copies eagerly; the wgpu
+    // suite checks a truly asynchronous one.
+    let dev = Device::reference();
+    let x = t(&[0., 1., 2., 3., 4., 5.], &[2, 3], &dev);
+    let pending = x.transpose(0, 1).unwrap().to_vec_async::<f32>().unwrap();
+    let y = x.mul_scalar(3.0).unwrap();
+    assert_eq!(pending.wait().unwrap(), [0., 3., 1., 4., 2., 5.]);
+    assert_eq!(
+        y.to_vec_async::<i64>().unwrap().wait().unwrap(),
+        [0, 3, 6, 9, 12, 15]
+    );
+}

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redline_tensor::{Result, TensorError};
+use redline_tensor::{Download, Result, TensorError};
 
 /// Ops encoded before a submit is forced (downloads and uploads also flush).
 const OPS_PER_SUBMIT: usize = 64;
@@ -268,23 +268,25 @@ impl Context {
         }
     }
 
-    fn submit(&self, pending: &mut Pending) -> Result<()> {
+    fn submit(&self, pending: &mut Pending) -> Result<Option<wgpu::SubmissionIndex>> {
+        let mut index = None;
         if let Some(encoder) = pending.encoder.take() {
             // The parameters land before this submit's commands run (queue order).
             let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
             self.queue.write_buffer(&ring, 0, &pending.params);
             drop(ring);
-            self.queue.submit([encoder.finish()]);
+            index = Some(self.queue.submit([encoder.finish()]));
         }
         pending.ops = 0;
         pending.params.clear();
-        self.check_error()
+        self.check_error()?;
+        Ok(index)
     }
 
     /// Submits everything encoded so far.
     pub(crate) fn flush(&self) -> Result<()> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        self.submit(&mut pending)
+        self.submit(&mut pending).map(drop)
     }
 
     fn check_error(&self) -> Result<()> {
@@ -321,40 +323,56 @@ impl Context {
         Ok(buffer)
     }
 
-    /// Reads `bytes` bytes from the start of `buffer`, waiting for the GPU.
-    pub(crate) fn read(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    /// Starts reading `bytes` bytes from the start of `buffer`: the copy into a read-back buffer
+    /// is submitted with everything encoded before it (so it sees every earlier op) and the call
+    /// returns; the [`Download`] waits for that submission alone, maps and copies out, while
+    /// work submitted later keeps running. A recycled source buffer is safe: anything that
+    /// overwrites it is submitted after the copy, on the same queue.
+    pub(crate) fn read_async(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Download> {
         let size = bytes.div_ceil(4).max(1) * 4;
         let staging = self.readback.take(
             &self.device,
             size,
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         );
-        {
+        let submission = {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             let device = &self.device;
             let encoder = pending
                 .encoder
                 .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
             encoder.copy_buffer_to_buffer(buffer, 0, staging.buffer(), 0, size);
-            self.submit(&mut pending)?;
-        }
-        let slice = staging.buffer().slice(..size);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| self.fail(format!("poll: {e}")))?;
-        rx.recv()
-            .map_err(|_| self.fail("the read-back never completed"))?
-            .map_err(|e| self.fail(format!("map: {e}")))?;
-        let data = slice
-            .get_mapped_range()
-            .map_err(|e| self.fail(format!("map: {e}")))?[..bytes as usize]
-            .to_vec();
-        staging.buffer().unmap();
-        self.check_error()?;
-        Ok(data)
+            self.submit(&mut pending)?
+        };
+        let (device, error, name) = (self.device.clone(), self.error.clone(), self.name());
+        Ok(Download::pending(move || {
+            let fail = |what: String| TensorError::Backend {
+                device: name.clone(),
+                what,
+            };
+            let slice = staging.buffer().slice(..size);
+            let (tx, rx) = std::sync::mpsc::channel();
+            slice.map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: submission,
+                    timeout: None,
+                })
+                .map_err(|e| fail(format!("poll: {e}")))?;
+            rx.recv()
+                .map_err(|_| fail("the read-back never completed".into()))?
+                .map_err(|e| fail(format!("map: {e}")))?;
+            let data = slice
+                .get_mapped_range()
+                .map_err(|e| fail(format!("map: {e}")))?[..bytes as usize]
+                .to_vec();
+            staging.buffer().unmap();
+            if let Some(e) = error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                return Err(fail(e));
+            }
+            Ok(data)
+        }))
     }
 }

@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::backend::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, Op, OtherOp, Pool2dParams, ReduceOp,
-    ScalerParams, SgdParams, Storage, UnaryOp, View,
+    AdamWParams, Backend, BinaryOp, Conv2dParams, Download, HostBytes, Op, OtherOp, Pool2dParams,
+    ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
 };
 use redline_tensor::{DType, Device, Layout, Result, TensorError};
 
@@ -214,13 +214,19 @@ impl Backend for WgpuBackend {
     }
 
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
+        self.download_async(x)?.wait()
+    }
+
+    fn download_async(&self, x: View<'_>) -> Result<Download> {
         let bytes = x.layout.numel() * x.dtype().size();
         if x.layout.is_contiguous() {
-            return self.ctx.read(self.buffer(x.storage)?, bytes as u64);
+            return self.ctx.read_async(self.buffer(x.storage)?, bytes as u64);
         }
+        // The dense copy is enqueued first; its storage may be recycled once this returns,
+        // since anything that reuses it is submitted after the read-back copy.
         let dense = Layout::contiguous(x.layout.shape());
         let copy = self.convert(x, x.dtype(), &dense)?;
-        self.ctx.read(self.buffer(&copy)?, bytes as u64)
+        self.ctx.read_async(self.buffer(&copy)?, bytes as u64)
     }
 
     fn synchronize(&self) -> Result<()> {

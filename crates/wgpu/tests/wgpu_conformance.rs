@@ -3,19 +3,27 @@
 //! adapter it prints the skip marker xtask reports as "skipped" — or fails when
 //! `REDLINE_HARDWARE_REQUIRED=1` (CI, `--require wgpu`).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use redline_tensor::{Device, Tensor};
 use redline_testkit::{run_conformance, SuiteConfig};
 use redline_wgpu::WgpuBackend;
 
+/// One device for the whole test binary (creating a Vulkan device is slow on lavapipe).
 fn device() -> Option<(Device, redline_wgpu::AdapterSummary)> {
+    static SHARED: OnceLock<Result<(Device, redline_wgpu::AdapterSummary), String>> =
+        OnceLock::new();
+    let shared = SHARED.get_or_init(|| {
+        WgpuBackend::new(|_| true)
+            .map(|backend| {
+                let adapter = backend.adapter();
+                (Device::new(Arc::new(backend)), adapter)
+            })
+            .map_err(|e| e.to_string())
+    });
     let required = std::env::var("REDLINE_HARDWARE_REQUIRED").is_ok_and(|v| v == "1");
-    match WgpuBackend::new(|_| true) {
-        Ok(backend) => {
-            let adapter = backend.adapter();
-            Some((Device::new(Arc::new(backend)), adapter))
-        }
+    match shared {
+        Ok(found) => Some(found.clone()),
         Err(e) if required => panic!("the wgpu suite is required but: {e}"),
         Err(e) => {
             println!("redline-hardware-skip: {e}");
@@ -62,4 +70,28 @@ fn many_ops_per_submit_and_buffers_are_recycled() {
     assert_eq!(t.to_vec::<f32>().unwrap(), [10.0, 14.0, 14.0, 20.0]);
     let err = Tensor::from_slice(&[1.0f64], &[1], &device).unwrap_err();
     assert!(err.to_string().contains("f64"), "{err}");
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn downloads_run_asynchronously_and_see_exactly_the_ops_before_them() {
+    let Some((device, _)) = device() else { return };
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2], &device).unwrap();
+    let doubled = x.mul_scalar(2.0).unwrap();
+    let pending = doubled.to_vec_async::<f32>().unwrap();
+    // A strided view goes through a dense copy first.
+    let transposed = x.transpose(0, 1).unwrap().to_vec_async::<f32>().unwrap();
+    // Later work, some of it in `doubled`'s recycled buffer, runs while the copy is in flight.
+    drop(doubled);
+    let mut y = x.clone();
+    for _ in 0..50 {
+        y = y.add(&x).unwrap();
+    }
+    let later = y.to_vec_async::<f32>().unwrap();
+    assert_eq!(pending.wait().unwrap(), [2.0, 4.0, 6.0, 8.0]);
+    assert_eq!(transposed.wait().unwrap(), [1.0, 3.0, 2.0, 4.0]);
+    assert_eq!(later.wait().unwrap(), [51.0, 102.0, 153.0, 204.0]);
+    // A download dropped unread is harmless.
+    drop(x.to_vec_async::<f32>().unwrap());
+    assert_eq!(x.to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
 }
