@@ -299,6 +299,24 @@ impl Backend for CpuBackend {
         Ok(self.store(ops::pool::avg_pool2d(&data, x.layout, p, out)))
     }
 
+    fn max_pool2d_grad(
+        &self,
+        g: View<'_>,
+        positions: View<'_>,
+        p: &Pool2dParams,
+        out: &Layout,
+    ) -> Result<Storage> {
+        let plane = out.shape()[2] * out.shape()[3];
+        let at = ops::nn::checked_index(
+            &self.buffer(positions.storage)?.read(),
+            positions.layout,
+            2,
+            plane,
+        )?;
+        let data = self.buffer(g.storage)?.read();
+        Ok(self.store(ops::pool::max_pool2d_grad(&data, g.layout, &at, p, out)))
+    }
+
     fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
         let data = self.buffer(g.storage)?.read();
         Ok(self.store(ops::pool::avg_pool2d_grad(&data, g.layout, p, out)))

@@ -74,6 +74,11 @@ fn conv_case(shape: [usize; 4], w: [usize; 4], p: Conv2dParams, channels_last: b
 }
 
 #[test]
+fn max_pool_gradients_refuse_positions_outside_their_plane() {
+    redline_testkit::conformance::refuses_out_of_plane_positions(&CpuBackend::device());
+}
+
+#[test]
 fn convolutions_over_several_tiles_and_threads() {
     let p3 = Conv2dParams {
         padding: [1, 1],

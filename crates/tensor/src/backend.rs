@@ -245,6 +245,7 @@ op_enum!(
         Conv2dWeightGrad => "conv2d_weight_grad",
         /// Max pooling; also returns each output's flat input position (i64).
         MaxPool2d => "max_pool2d",
+        MaxPool2dGrad => "max_pool2d_grad",
         /// Average pooling (padding counted, as PyTorch's default).
         AvgPool2d => "avg_pool2d",
         /// Gradient of average pooling.
@@ -516,6 +517,19 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// each output's maximum in its input plane (first maximum on ties).
     fn max_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout)
         -> Result<(Storage, Storage)>;
+
+    /// The input gradient of max pooling, written in layout `out` (the input's shape): each
+    /// output gradient of `g` `[N, C, HO, WO]` is added at its maximum's flat position in its
+    /// plane (`positions`, i64, as [`max_pool2d`](Self::max_pool2d) returns them), summed in
+    /// output order so every run gives the same bits. A position outside its plane is an error
+    /// on host backends; a device backend drops its gradient (checking would cost a host sync).
+    fn max_pool2d_grad(
+        &self,
+        g: View<'_>,
+        positions: View<'_>,
+        p: &Pool2dParams,
+        out: &Layout,
+    ) -> Result<Storage>;
 
     /// Average pooling (padding counted in the divisor) into layout `out`.
     fn avg_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage>;

@@ -300,6 +300,24 @@ impl Backend for Reference {
         Ok(self.produce(x.dtype(), out, |i| y[i]))
     }
 
+    fn max_pool2d_grad(
+        &self,
+        g: View<'_>,
+        positions: View<'_>,
+        _p: &Pool2dParams,
+        out: &Layout,
+    ) -> Result<Storage> {
+        let (gs, at) = (self.gather(g)?, self.gather(positions)?);
+        let gx = ops::conv::reference::max_pool2d_grad(&gs, &at, out.shape(), g.layout.shape())
+            .ok_or_else(|| {
+                TensorError::Shape(format!(
+                    "max_pool2d_grad: a position lies outside its {:?} plane",
+                    &out.shape()[2..]
+                ))
+            })?;
+        Ok(self.produce(g.dtype(), out, |i| gx[i]))
+    }
+
     fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
         let gs = self.gather(g)?;
         let gx = ops::conv::reference::avg_pool2d_grad(&gs, out.shape(), p);

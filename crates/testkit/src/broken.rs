@@ -179,6 +179,16 @@ impl Backend for Broken {
     fn avg_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
         self.inner.avg_pool2d(x, p, out)
     }
+    fn max_pool2d_grad(
+        &self,
+        g: View<'_>,
+        positions: View<'_>,
+        p: &Pool2dParams,
+        out: &Layout,
+    ) -> Result<Storage> {
+        self.inner.max_pool2d_grad(g, positions, p, out)
+    }
+
     fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
         self.inner.avg_pool2d_grad(g, p, out)
     }

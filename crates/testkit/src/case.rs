@@ -197,6 +197,7 @@ impl Case {
     fn apply_nn(&self, op: NnOp, x: &[Tensor]) -> Result<Tensor> {
         let conv = |x: &[Tensor]| x[0].conv2d(&x[1], None, self.conv_params());
         let avg = |x: &[Tensor]| x[0].avg_pool2d(self.pool_params());
+        let max = |x: &[Tensor]| x[0].max_pool2d(self.pool_params());
         match op {
             NnOp::Softmax => x[0].softmax(self.axes[0]),
             NnOp::LogSoftmax => x[0].log_softmax(self.axes[0]),
@@ -205,7 +206,8 @@ impl Case {
             NnOp::Conv2d => conv(x),
             NnOp::Conv2dInputGrad => self.grad_of(x, 0, conv),
             NnOp::Conv2dWeightGrad => self.grad_of(x, 1, conv),
-            NnOp::MaxPool2d => x[0].max_pool2d(self.pool_params()),
+            NnOp::MaxPool2d => max(x),
+            NnOp::MaxPool2dGrad => self.grad_of(x, 0, max),
             NnOp::AvgPool2d => avg(x),
             NnOp::AvgPool2dGrad => self.grad_of(x, 0, avg),
             NnOp::RandomUniform => {

@@ -346,3 +346,23 @@ fn check_invalid_inputs(device: &Device) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// For host backends, which can check cheaply: `max_pool2d_grad` refuses a position outside its
+/// plane with an error that says so (a GPU backend drops such a gradient instead of syncing).
+pub fn refuses_out_of_plane_positions(device: &Device) {
+    use redline_tensor::{Layout, Pool2dParams, Tensor};
+    let p = Pool2dParams {
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [0, 0],
+    };
+    let g = Tensor::ones(&[1, 1, 2, 2], DType::F32, device).expect("a gradient");
+    let positions =
+        Tensor::from_slice(&[0i64, 3, 16, 5], &[1, 1, 2, 2], device).expect("positions");
+    let out = Layout::contiguous(&[1, 1, 4, 4]);
+    let err = device
+        .backend()
+        .max_pool2d_grad(g.view(), positions.view(), &p, &out)
+        .expect_err("position 16 lies outside a 4x4 plane");
+    assert!(err.to_string().contains("out"), "{err}");
+}

@@ -362,8 +362,8 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                 ..make(vec![x, w], vec![])
             })
             .boxed(),
-        NnOp::MaxPool2d | NnOp::AvgPool2d | NnOp::AvgPool2dGrad => {
-            let domain = if op == NnOp::MaxPool2d {
+        NnOp::MaxPool2d | NnOp::MaxPool2dGrad | NnOp::AvgPool2d | NnOp::AvgPool2dGrad => {
+            let domain = if matches!(op, NnOp::MaxPool2d | NnOp::MaxPool2dGrad) {
                 Domain::Distinct
             } else {
                 Domain::Any

@@ -122,3 +122,10 @@ fn a_declared_op_that_errors_fails_the_suite() {
         .expect("neg/f16 fails");
     assert!(failure.contains("f16 neg kernel missing"), "{failure}");
 }
+
+#[test]
+fn the_reference_refuses_max_pool_positions_outside_their_plane() {
+    redline_testkit::conformance::refuses_out_of_plane_positions(
+        &redline_tensor::Device::reference(),
+    );
+}

@@ -370,8 +370,22 @@ impl Backend for WgpuBackend {
         Ok(self.wrap(values, x.dtype(), out.numel()))
     }
 
+    fn max_pool2d_grad(
+        &self,
+        g: View<'_>,
+        positions: View<'_>,
+        p: &Pool2dParams,
+        out: &Layout,
+    ) -> Result<Storage> {
+        // A position outside its plane matches no input element: its gradient is dropped, as
+        // nothing addresses it (the front end only passes positions its forward recorded).
+        let at = self.operand(positions)?;
+        let buffer = kernels::nn::pool_grad(&self.ctx, &self.operand(g)?, Some(&at), p, out)?;
+        Ok(self.wrap(buffer, g.dtype(), out.numel()))
+    }
+
     fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
-        let buffer = kernels::nn::avg_pool_grad(&self.ctx, &self.operand(g)?, p, out)?;
+        let buffer = kernels::nn::pool_grad(&self.ctx, &self.operand(g)?, None, p, out)?;
         Ok(self.wrap(buffer, g.dtype(), out.numel()))
     }
 

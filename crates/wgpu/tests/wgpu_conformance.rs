@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use redline_tensor::{Device, Tensor};
+use redline_tensor::{Device, Pool2dParams, Tensor};
 use redline_testkit::{run_conformance, SuiteConfig};
 use redline_wgpu::WgpuBackend;
 
@@ -94,4 +94,50 @@ fn downloads_run_asynchronously_and_see_exactly_the_ops_before_them() {
     // A download dropped unread is harmless.
     drop(x.to_vec_async::<f32>().unwrap());
     assert_eq!(x.to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn pooling_gradients_are_pulled_deterministically() {
+    let Some((device, _)) = device() else { return };
+    // Overlapping 3x3 windows at stride 2 (ResNet's stem pool): inputs covered by up to four
+    // windows, ties broken by the first maximum.
+    let values: Vec<f32> = (0..2 * 3 * 13 * 13)
+        .map(|i| ((i * 37) % 11) as f32)
+        .collect();
+    let p = Pool2dParams {
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+    };
+    let grads = || {
+        let x = Tensor::from_slice(&values, &[2, 3, 13, 13], &device)
+            .unwrap()
+            .with_requires_grad(true);
+        let y = x
+            .max_pool2d(p)
+            .unwrap()
+            .add(&x.avg_pool2d(p).unwrap())
+            .unwrap();
+        let w = Tensor::from_slice(
+            &(0..y.numel())
+                .map(|i| 1.0 + i as f32 / 7.0)
+                .collect::<Vec<_>>(),
+            y.shape(),
+            &device,
+        )
+        .unwrap();
+        y.mul(&w)
+            .unwrap()
+            .sum(&[], false)
+            .unwrap()
+            .backward()
+            .unwrap();
+        x.grad().unwrap().to_vec::<f32>().unwrap()
+    };
+    let (first, second) = (grads(), grads());
+    assert_eq!(
+        first.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        second.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
 }

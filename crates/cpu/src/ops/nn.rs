@@ -49,7 +49,12 @@ pub(crate) fn softmax(x: &Data, xl: &Layout, axis: usize, log: bool, out: &Layou
 }
 
 /// The index view's values as in-range positions along `axis` (row-major over its shape).
-fn checked_index(index: &Data, il: &Layout, axis: usize, len: usize) -> Result<Vec<usize>> {
+pub(crate) fn checked_index(
+    index: &Data,
+    il: &Layout,
+    axis: usize,
+    len: usize,
+) -> Result<Vec<usize>> {
     let values = dense(
         &as_compute::<f64>(index),
         il,

@@ -132,26 +132,58 @@ pub(crate) fn avg_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) 
 
 /// The gradient of average pooling: each output's gradient spread evenly over its window.
 pub(crate) fn avg_pool2d_grad(g: &Data, gl: &Layout, p: &Pool2dParams, out: &Layout) -> Data {
-    let s = out.shape();
-    let plane = Plane::new(s, gl.shape(), p);
-    let (sy, sx) = (gl.strides()[2], gl.strides()[3]);
-    let per_in = plane.h * plane.w;
+    let plane = Plane::new(out.shape(), gl.shape(), p);
     with_compute!(g.dtype(), C => {
-        let src = as_compute::<C>(g);
-        let mut values = zeros::<C>(s[0] * s[1] * per_in);
-        let vo = Disjoint::new(&mut values);
         let area: C = plane.area();
-        planes(gl, |i, base| {
-            // SAFETY: each plane writes its own input-gradient plane.
-            let gx = unsafe { vo.slice(i * per_in..(i + 1) * per_in) };
-            for oy in 0..plane.ho {
-                for ox in 0..plane.wo {
-                    let share = src[base + oy * sy + ox * sx] / area;
-                    plane.window(oy, ox, |iy, ix| gx[iy * plane.w + ix] += share);
-                }
-            }
+        let values = route(&as_compute::<C>(g), gl, &plane, |gx, _, oy, ox, v| {
+            let share = v / area;
+            plane.window(oy, ox, |iy, ix| gx[iy * plane.w + ix] += share);
         });
         let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
         from_compute(g.dtype(), values)
     })
+}
+
+/// The gradient of max pooling: each output's gradient added at its maximum, `at[o]` (flat
+/// in-plane positions, checked by the caller), in output order.
+pub(crate) fn max_pool2d_grad(
+    g: &Data,
+    gl: &Layout,
+    at: &[usize],
+    p: &Pool2dParams,
+    out: &Layout,
+) -> Data {
+    let plane = Plane::new(out.shape(), gl.shape(), p);
+    let per_out = plane.ho * plane.wo;
+    with_compute!(g.dtype(), C => {
+        let values = route(&as_compute::<C>(g), gl, &plane, |gx, i, oy, ox, v| {
+            gx[at[i * per_out + oy * plane.wo + ox]] += v;
+        });
+        let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
+        from_compute(g.dtype(), values)
+    })
+}
+
+/// Both gradients' shared loop: one task per plane, each output gradient `v` (read through
+/// `gl`'s strides) handed to `add(plane's input gradient, plane index, oy, ox, v)`.
+fn route<C: Real>(
+    src: &[C],
+    gl: &Layout,
+    plane: &Plane,
+    add: impl Fn(&mut [C], usize, usize, usize, C) + Sync,
+) -> Vec<C> {
+    let (sy, sx) = (gl.strides()[2], gl.strides()[3]);
+    let per_in = plane.h * plane.w;
+    let mut values = zeros::<C>(gl.shape()[0] * gl.shape()[1] * per_in);
+    let vo = Disjoint::new(&mut values);
+    planes(gl, |i, base| {
+        // SAFETY: each plane writes its own input-gradient plane.
+        let gx = unsafe { vo.slice(i * per_in..(i + 1) * per_in) };
+        for oy in 0..plane.ho {
+            for ox in 0..plane.wo {
+                add(gx, i, oy, ox, src[base + oy * sy + ox * sx]);
+            }
+        }
+    });
+    values
 }

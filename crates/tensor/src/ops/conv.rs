@@ -115,16 +115,19 @@ impl Tensor {
         let y = Tensor::from_storage(values, out, self.device().clone());
         let positions =
             Tensor::from_storage(positions, Layout::contiguous(&shape), self.device().clone());
-        let input_shape = self.shape().to_vec();
+        let x = self.detach();
         Ok(y.record("max_pool2d", &[self], move |g| {
-            // Route each output gradient to its maximum: scatter-add over flattened planes.
-            let (n, c) = (input_shape[0], input_shape[1]);
-            let plane = input_shape[2] * input_shape[3];
-            let outputs = shape[2] * shape[3];
-            let gx = Tensor::zeros(&[n, c, plane], g.dtype(), g.device())?;
-            let g = g.contiguous()?.reshape(&[n, c, outputs])?;
-            gx.scatter_add_in_place(2, &positions.reshape(&[n, c, outputs])?, &g)?;
-            Ok(vec![Some(gx.reshape(&input_shape)?)])
+            // Each output gradient goes to its maximum (a pull per input element on devices).
+            x.device().check(Op::Nn(NnOp::MaxPool2dGrad), g.dtype())?;
+            let layout = x.layout().output_like();
+            let gx = x
+                .backend()
+                .max_pool2d_grad(g.view(), positions.view(), &p, &layout)?;
+            Ok(vec![Some(Tensor::from_storage(
+                gx,
+                layout,
+                x.device().clone(),
+            ))])
         }))
     }
 
@@ -298,6 +301,20 @@ pub(crate) mod reference {
             y[o] = inside.iter().map(|&pos| x[base + pos]).sum::<f64>() / area;
         });
         y
+    }
+
+    /// `g[o]` added at its plane's flat position `at[o]`, in output order; `None` if a position
+    /// lies outside its plane.
+    pub fn max_pool2d_grad(g: &[f64], at: &[f64], xs: &[usize], os: &[usize]) -> Option<Vec<f64>> {
+        let (plane, outputs) = (xs[2] * xs[3], os[2] * os[3]);
+        let mut gx = vec![0.0; xs.iter().product()];
+        for (o, (&g, &at)) in g.iter().zip(at).enumerate() {
+            if !(0.0..plane as f64).contains(&at) {
+                return None;
+            }
+            gx[(o / outputs) * plane + at as usize] += g;
+        }
+        Some(gx)
     }
 
     pub fn avg_pool2d_grad(g: &[f64], xs: &[usize], p: &Pool2dParams) -> Vec<f64> {

@@ -322,44 +322,69 @@ const OUT: u32 = {out_base}u;
     }
 }
 
-/// The input gradient of average pooling: each input element sums the outputs whose windows
-/// cover it, written in layout `out` (the input's shape).
-pub(crate) fn avg_pool_grad(
+/// The input gradient of pooling, written in layout `out` (the input's shape), as a pull: each
+/// input element visits only the outputs whose windows cover it (`ceil((h + pad - k + 1) / s)`
+/// to `(h + pad) / s` on each axis, in output order) and sums their gradients — divided by the
+/// window area for average pooling; for max pooling only those whose recorded maximum
+/// (`positions`, flat in-plane) is this element. No atomics: the same bits on every run.
+pub(crate) fn pool_grad(
     ctx: &Context,
     g: &Operand<'_>,
+    positions: Option<&Operand<'_>>,
     p: &Pool2dParams,
     out: &Layout,
 ) -> Result<PooledBuffer> {
     let n = out.numel();
-    let (g_base, out_base) = (13, 13 + LAYOUT_WORDS);
-    let key = format!("avg_pool_grad|{:?}", g.dtype);
+    let (g_base, out_base, at_base) = (13, 13 + LAYOUT_WORDS, 13 + 2 * LAYOUT_WORDS);
+    let max = positions.is_some();
+    let key = format!("pool_grad|{max}|{:?}", g.dtype);
     let pipeline = ctx.pipeline(&key, || {
         let mut src = shader::prelude(&[g.dtype]);
         src.push_str(&shader::input("a", 1, g.dtype));
-        src.push_str(&shader::output("y", 2, g.dtype));
+        if max {
+            src.push_str(&shader::input("b", 2, DType::I64));
+        }
+        src.push_str(&shader::output("y", if max { 3 } else { 2 }, g.dtype));
         src.push_str(STRIDED4);
         src.push_str(POOL_GEOMETRY);
         src.push_str(MAIN_1D);
+        let (take, finish) = if max {
+            (
+                "if (u32(load_b(strided4(AT, n, c, ho, wo))) == h * geo(3u) + w) { acc = acc + load_a(strided4(G, n, c, ho, wo)); }",
+                "acc",
+            )
+        } else {
+            (
+                "acc = acc + load_a(strided4(G, n, c, ho, wo));",
+                "acc / f32(geo(6u) * geo(7u))",
+            )
+        };
         src.push_str(&format!(
             r#"    if (i >= params[0]) {{ return; }}
     let w = i % geo(3u);
     let h = (i / geo(3u)) % geo(2u);
     let c = (i / (geo(3u) * geo(2u))) % geo(1u);
     let n = i / (geo(3u) * geo(2u) * geo(1u));
+    // The outputs whose windows cover (h, w).
+    let hp = i32(h + geo(10u));
+    let wp = i32(w + geo(11u));
+    let hn = hp - i32(geo(6u)) + 1;
+    let wn = wp - i32(geo(7u)) + 1;
+    let ho0 = u32(select(0, (hn + i32(geo(8u)) - 1) / i32(geo(8u)), hn > 0));
+    let wo0 = u32(select(0, (wn + i32(geo(9u)) - 1) / i32(geo(9u)), wn > 0));
+    let ho1 = min(u32(hp) / geo(8u) + 1u, geo(4u));
+    let wo1 = min(u32(wp) / geo(9u) + 1u, geo(5u));
     var acc = 0.0;
-    for (var ho = 0u; ho < geo(4u); ho = ho + 1u) {{
-        let top = i32(ho * geo(8u)) - i32(geo(10u));
-        if (i32(h) < top || i32(h) >= top + i32(geo(6u))) {{ continue; }}
-        for (var wo = 0u; wo < geo(5u); wo = wo + 1u) {{
-            let left = i32(wo * geo(9u)) - i32(geo(11u));
-            if (i32(w) < left || i32(w) >= left + i32(geo(7u))) {{ continue; }}
-            acc = acc + load_a(strided4(G, n, c, ho, wo));
+    for (var ho = ho0; ho < ho1; ho = ho + 1u) {{
+        for (var wo = wo0; wo < wo1; wo = wo + 1u) {{
+            {take}
         }}
     }}
-    store_y(strided4(OUT, n, c, h, w), acc / f32(geo(6u) * geo(7u)));
+    store_y(strided4(OUT, n, c, h, w), {finish});
 }}
 const G: u32 = {g_base}u;
 const OUT: u32 = {out_base}u;
+const AT: u32 = {at_base}u;
 "#
         ));
         src
@@ -369,13 +394,13 @@ const OUT: u32 = {out_base}u;
     shader::push_layout(&mut params, g.layout)?;
     shader::push_layout(&mut params, out)?;
     let y = ctx.alloc(shader::storage_bytes(g.dtype, n));
-    ctx.dispatch(
-        &pipeline,
-        &params,
-        &[g.buffer, y.buffer()],
-        None,
-        grid(n, 256),
-    )?;
+    let mut buffers = vec![g.buffer];
+    if let Some(at) = positions {
+        shader::push_layout(&mut params, at.layout)?;
+        buffers.push(at.buffer);
+    }
+    buffers.push(y.buffer());
+    ctx.dispatch(&pipeline, &params, &buffers, None, grid(n, 256))?;
     Ok(y)
 }
 
