@@ -64,6 +64,15 @@ impl Tensor {
         Ok(y.record("convert", &[self], move |g| Ok(vec![Some(g.cast(from)?)])))
     }
 
+    /// Overwrites this tensor's elements with `src`'s (same shape and dtype), in place and off
+    /// the tape: for state that is updated between steps (batch norm's counters, optimizer
+    /// state, checkpoint loading).
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        self.same_dtype(src, "assign")?;
+        self.same_device(src, "assign")?;
+        self.write_region(self.layout(), src)
+    }
+
     /// Writes `src` into the region `at` of this tensor's storage, in place (no autograd: use it
     /// to build fresh tensors, or under `no_grad` for updates).
     pub(crate) fn write_region(&self, at: &Layout, src: &Tensor) -> Result<()> {

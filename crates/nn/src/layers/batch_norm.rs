@@ -1,0 +1,91 @@
+//! `nn.BatchNorm2d`: affine, running statistics (momentum 0.1, unbiased variance) and the
+//! `num_batches_tracked` counter torchvision's state dicts carry.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use redline_tensor::{no_grad, DType, Result, RunningStats, Tensor};
+
+use crate::init::Init;
+use crate::module::{join, Kind, Module};
+
+pub struct BatchNorm2d {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub running_mean: Tensor,
+    pub running_var: Tensor,
+    /// i64, 0-d: training batches seen (written from `batches`, since not every device does
+    /// integer arithmetic: a fill is enough).
+    pub num_batches_tracked: Tensor,
+    batches: AtomicI64,
+    pub momentum: f64,
+    pub eps: f64,
+    training: AtomicBool,
+}
+
+impl BatchNorm2d {
+    /// `channels` features, weight `gamma` (1 by default; 0 for a zero-initialised residual
+    /// branch's last norm), bias 0, running mean 0 and variance 1.
+    pub fn new(init: &Init, channels: usize, gamma: f64) -> Result<Self> {
+        Ok(Self {
+            weight: init.constant(&[channels], gamma)?,
+            bias: init.constant(&[channels], 0.0)?,
+            running_mean: init.buffer(&[channels], 0.0, DType::F32)?,
+            running_var: init.buffer(&[channels], 1.0, DType::F32)?,
+            num_batches_tracked: init.buffer(&[], 0.0, DType::I64)?,
+            batches: AtomicI64::new(0),
+            momentum: 0.1,
+            eps: 1e-5,
+            training: AtomicBool::new(true),
+        })
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let training = self.training.load(Ordering::Relaxed);
+        if training {
+            let count = self.batches.fetch_add(1, Ordering::Relaxed) + 1;
+            let t = &self.num_batches_tracked;
+            no_grad(|| t.assign(&Tensor::full(count as f64, &[], DType::I64, t.device())?))?;
+        }
+        x.batch_norm(
+            Some(&self.weight),
+            Some(&self.bias),
+            Some(RunningStats {
+                mean: &self.running_mean,
+                var: &self.running_var,
+                momentum: self.momentum,
+            }),
+            training,
+            self.eps,
+        )
+    }
+
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, Kind)) {
+        f(&join(prefix, "weight"), &self.weight, Kind::Parameter);
+        f(&join(prefix, "bias"), &self.bias, Kind::Parameter);
+        f(
+            &join(prefix, "running_mean"),
+            &self.running_mean,
+            Kind::Buffer,
+        );
+        f(
+            &join(prefix, "running_var"),
+            &self.running_var,
+            Kind::Buffer,
+        );
+        f(
+            &join(prefix, "num_batches_tracked"),
+            &self.num_batches_tracked,
+            Kind::Buffer,
+        );
+    }
+
+    fn set_training(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
+    }
+
+    fn shape_and_macs(&self, shape: &[usize]) -> Result<(Vec<usize>, u64)> {
+        Ok((shape.to_vec(), 0))
+    }
+}
