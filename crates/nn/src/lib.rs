@@ -3,14 +3,20 @@
 //!
 //! Built so far: the [`Module`] trait and its state dict, [`Init`] (counter-based, so a model's
 //! weights are a pure function of its seed on every backend), the layers a ResNet needs
-//! ([`layers`]) and [`resnet`]. Optimizers and LR schedules come next (issue 7).
+//! ([`layers`]), [`resnet`], SGD, AdamW and LARS with parameter groups, gradient clipping
+//! and a weight EMA on the multi-tensor device ops ([`optim`]), and PyTorch's LR schedules
+//! ([`schedule`]).
 
 pub mod init;
 pub mod layers;
 pub mod module;
+pub mod optim;
 pub mod resnet;
+pub mod schedule;
 
 pub use init::Init;
 pub use layers::{BatchNorm2d, Conv2d, Linear, MaxPool2d, ReLU, Sequential};
 pub use module::{named_parameters, num_parameters, state_dict, Kind, Module};
+pub use optim::{clip_grad_norm, decay_groups, AdamW, Ema, Lars, ParamGroup, Sgd};
 pub use resnet::{ResNet, ResNetConfig};
+pub use schedule::Schedule;

@@ -1,0 +1,103 @@
+//! Optimizers on the multi-tensor device ops (one launch per group, not one per parameter),
+//! with PyTorch's semantics and its parameter groups; gradient clipping; LR schedules live in
+//! [`crate::schedule`].
+//!
+//! Every step takes an optional device `found_inf` flag (GradScaler's): when it is set the
+//! whole update is skipped on the device, moments and AdamW's step count included, so a
+//! training step needs no host synchronisation (DESIGN contract 8).
+
+mod adamw;
+mod clip;
+mod ema;
+mod lars;
+mod sgd;
+
+pub use adamw::AdamW;
+pub use clip::clip_grad_norm;
+pub use ema::Ema;
+pub use lars::Lars;
+pub use sgd::Sgd;
+
+use redline_tensor::{Result, Tensor};
+
+use crate::module::{named_parameters, Module};
+
+/// Parameters that share hyper-parameters (PyTorch's `param_groups` entry).
+#[derive(Debug, Clone)]
+pub struct ParamGroup {
+    pub params: Vec<Tensor>,
+    pub weight_decay: f64,
+    /// This group's learning rate relative to the scheduled one (1 by default).
+    pub lr_scale: f64,
+}
+
+impl ParamGroup {
+    pub fn new(params: Vec<Tensor>, weight_decay: f64) -> Self {
+        Self {
+            params,
+            weight_decay,
+            lr_scale: 1.0,
+        }
+    }
+}
+
+/// The usual two groups for a convolutional network: weights (rank ≥ 2) decay, while biases
+/// and normalisation weights (rank 1) do not.
+pub fn decay_groups(m: &dyn Module, weight_decay: f64) -> Vec<ParamGroup> {
+    let (decay, plain): (Vec<_>, Vec<_>) = named_parameters(m)
+        .into_iter()
+        .map(|(_, t)| t)
+        .partition(|t| t.rank() >= 2);
+    vec![
+        ParamGroup::new(decay, weight_decay),
+        ParamGroup::new(plain, 0.0),
+    ]
+}
+
+/// The parameters of `group` that have a gradient, with their gradients as whole contiguous
+/// tensors (what the multi-tensor ops take) and their indices in the group. Parameters without
+/// a gradient are skipped, as PyTorch does.
+fn with_grads(group: &ParamGroup) -> Result<(Vec<usize>, Vec<Tensor>)> {
+    let mut indices = Vec::new();
+    let mut grads = Vec::new();
+    for (i, p) in group.params.iter().enumerate() {
+        let Some(g) = p.grad() else { continue };
+        let whole = g.layout().is_contiguous() && g.storage().len() == g.numel();
+        grads.push(if whole { g } else { g.contiguous_copy()? });
+        indices.push(i);
+    }
+    Ok((indices, grads))
+}
+
+/// Zeros shaped like every parameter of every group (moment buffers).
+fn zeros_like(groups: &[ParamGroup]) -> Result<Vec<Vec<Tensor>>> {
+    groups
+        .iter()
+        .map(|g| {
+            g.params
+                .iter()
+                .map(|p| Tensor::zeros(p.shape(), p.dtype(), p.device()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Clears every parameter's gradient.
+pub fn zero_grad(groups: &[ParamGroup]) {
+    for p in groups.iter().flat_map(|g| &g.params) {
+        p.zero_grad();
+    }
+}
+
+/// Per-group, per-parameter state tensors named `prefix.group.index` (for checkpoints).
+fn named_buffers(prefix: &str, buffers: &[Vec<Tensor>]) -> Vec<(String, Tensor)> {
+    buffers
+        .iter()
+        .enumerate()
+        .flat_map(|(g, bufs)| {
+            bufs.iter()
+                .enumerate()
+                .map(move |(i, t)| (format!("{prefix}.{g}.{i}"), t.clone()))
+        })
+        .collect()
+}
