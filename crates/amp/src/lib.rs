@@ -1,4 +1,17 @@
-//! Mixed precision: autocast policy, GradScaler, f32 master weights.
+//! Mixed precision with PyTorch's semantics (DESIGN contract 8).
 //!
-//! An empty shell for now: issue 7 (nn, AMP, trainer) fills it. The crate exists so the workspace layout of
-//! `DESIGN.md` (and its dependency rules) is in place from the first commit.
+//! - [`autocast`]: a scope in which convolutions and matrix products run in f16 or bf16 while
+//!   normalisation statistics, softmax, losses and reductions stay in f32. Parameters stay f32
+//!   (the master weights); their low-precision copies are cast once per scope and cached, and
+//!   gradients flow back through the cast into the f32 masters.
+//! - [`GradScaler`]: loss scaling with a device-side scale, growth tracker and found-inf flag,
+//!   so a training step needs no host synchronisation.
+//!
+//! Layers consult the policy through [`for_compute`] (conv, matmul) and [`for_f32`]
+//! (normalisation, losses); outside a scope both return their input unchanged.
+
+mod autocast;
+mod scaler;
+
+pub use autocast::{autocast, autocast_dtype, for_compute, for_f32, Autocast};
+pub use scaler::GradScaler;

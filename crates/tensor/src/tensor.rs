@@ -250,7 +250,9 @@ impl Tensor {
         autograd::backward(self, grad.detach())
     }
 
-    pub(crate) fn key(&self) -> usize {
+    /// This tensor's identity: equal for clones of one handle, distinct for live tensors
+    /// (used to key caches such as autocast's low-precision weight copies).
+    pub fn key(&self) -> usize {
         Arc::as_ptr(&self.0) as usize
     }
 
@@ -264,6 +266,13 @@ impl Tensor {
         } else {
             grad.sum_to(self.shape())?.cast(self.dtype())?.detach()
         };
+        // A leaf's gradient is updated in place (unscaling, clipping, the optimizer ops read
+        // it whole): make sure it is a whole dense storage that nothing else shares — the
+        // backward of `a + b` hands one tensor to both inputs.
+        let owned = grad.layout().is_contiguous()
+            && grad.storage().len() == grad.numel()
+            && Arc::strong_count(grad.storage()) == 1;
+        let grad = if owned { grad } else { grad.contiguous_copy()? };
         let mut slot = self.0.grad.lock().unwrap_or_else(|p| p.into_inner());
         let total = match slot.take() {
             Some(previous) => previous.add(&grad)?.detach(),

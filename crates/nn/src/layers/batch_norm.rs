@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
+use redline_amp::for_f32;
 use redline_tensor::{no_grad, DType, Result, RunningStats, Tensor};
 
 use crate::init::Init;
@@ -48,7 +49,8 @@ impl Module for BatchNorm2d {
             let t = &self.num_batches_tracked;
             no_grad(|| t.assign(&Tensor::full(count as f64, &[], DType::I64, t.device())?))?;
         }
-        x.batch_norm(
+        // Statistics in f32 under autocast (the parameters and running stats are f32).
+        for_f32(x)?.batch_norm(
             Some(&self.weight),
             Some(&self.bias),
             Some(RunningStats {

@@ -1,5 +1,6 @@
 //! `nn.Conv2d` (weights OIHW, optional bias).
 
+use redline_amp::for_compute;
 use redline_tensor::{Conv2dParams, Result, Tensor, TensorError};
 
 use crate::init::Init;
@@ -53,7 +54,9 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.conv2d(&self.weight, self.bias.as_ref(), self.params)
+        // Under autocast, input and weight (cached per scope) run in f16/bf16.
+        let bias = self.bias.as_ref().map(for_compute).transpose()?;
+        for_compute(x)?.conv2d(&for_compute(&self.weight)?, bias.as_ref(), self.params)
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, Kind)) {

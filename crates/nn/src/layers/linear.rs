@@ -1,5 +1,6 @@
 //! `nn.Linear`: `y = x · Wᵀ + b`, weights `[out, in]` as PyTorch stores them.
 
+use redline_amp::for_compute;
 use redline_tensor::{Result, Tensor, TensorError};
 
 use crate::init::Init;
@@ -22,7 +23,10 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.matmul(&self.weight.transpose(0, 1)?)?.add(&self.bias)
+        let weight = for_compute(&self.weight)?;
+        for_compute(x)?
+            .matmul(&weight.transpose(0, 1)?)?
+            .add(&for_compute(&self.bias)?)
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, Kind)) {
