@@ -17,6 +17,8 @@ pub mod schedule;
 pub use init::Init;
 pub use layers::{BatchNorm2d, Conv2d, Linear, MaxPool2d, ReLU, Sequential};
 pub use module::{named_parameters, num_parameters, state_dict, Kind, Module};
-pub use optim::{clip_grad_norm, decay_groups, AdamW, Ema, Lars, ParamGroup, Sgd};
+pub use optim::{
+    clip_grad_norm, decay_groups, zero_grad, AdamW, Ema, Lars, Optimizer, ParamGroup, Sgd,
+};
 pub use resnet::{ResNet, ResNetConfig};
 pub use schedule::Schedule;

@@ -1,4 +1,19 @@
-//! The trainer loop: metrics, checkpoints, per-step timing reports.
-//!
-//! An empty shell for now: issue 7 (nn, AMP, trainer) fills it. The crate exists so the workspace layout of
-//! `DESIGN.md` (and its dependency rules) is in place from the first commit.
+//! The trainer: one training step as five timed phases (data wait, host-to-device, forward,
+//! backward, optimizer) with autocast and GradScaler when the precision asks for them;
+//! evaluation with top-1/top-5; the per-step report as JSON, an SVG and a Chrome trace.
+
+mod error;
+mod metrics;
+mod precision;
+mod report;
+mod timing;
+mod trainer;
+
+pub use error::TrainError;
+pub use metrics::{top_k_correct, Evaluation};
+pub use precision::Precision;
+pub use report::{chrome_trace, svg, Summary};
+pub use timing::{percentile, Phase, StepTimes};
+pub use trainer::{Step, TrainConfig, Trainer, IMAGENET_MEAN, IMAGENET_STD};
+
+pub type Result<T, E = TrainError> = std::result::Result<T, E>;

@@ -22,6 +22,33 @@ use redline_tensor::{Result, Tensor};
 
 use crate::module::{named_parameters, Module};
 
+/// What a trainer needs of any optimizer here.
+pub trait Optimizer: Send {
+    /// One step at `lr` (times each group's `lr_scale`), skipped on the device when
+    /// `found_inf` is set.
+    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()>;
+    fn groups(&self) -> &[ParamGroup];
+    /// Named state tensors (moments, step counts), for checkpoints and tests.
+    fn state(&self) -> Vec<(String, Tensor)>;
+}
+
+macro_rules! optimizer {
+    ($($t:ty),*) => {$(
+        impl Optimizer for $t {
+            fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+                <$t>::step(self, lr, found_inf)
+            }
+            fn groups(&self) -> &[ParamGroup] {
+                &self.groups
+            }
+            fn state(&self) -> Vec<(String, Tensor)> {
+                <$t>::state(self)
+            }
+        }
+    )*};
+}
+optimizer!(Sgd, AdamW, Lars);
+
 /// Parameters that share hyper-parameters (PyTorch's `param_groups` entry).
 #[derive(Debug, Clone)]
 pub struct ParamGroup {

@@ -1,0 +1,16 @@
+use redline_loader::LoaderError;
+use redline_tensor::TensorError;
+
+/// Why training stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    #[error(transparent)]
+    Loader(#[from] LoaderError),
+    /// A setting that cannot work (named, with the value given).
+    #[error("training configuration: {0}")]
+    Config(String),
+    #[error("the loader ended before the step (an empty epoch?)")]
+    NoData,
+}

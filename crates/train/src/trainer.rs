@@ -1,0 +1,244 @@
+//! The training step and the evaluation pass.
+
+use redline_amp::{autocast, for_f32, GradScaler};
+use redline_loader::{Batch, LoaderError};
+use redline_nn::{clip_grad_norm, zero_grad, Module, Optimizer, Schedule};
+use redline_tensor::{no_grad, DType, Device, HostBytes, Tensor};
+
+use crate::metrics::{top_k_correct, Evaluation};
+use crate::precision::Precision;
+use crate::timing::{Phase, PhaseClock, StepTimes};
+use crate::{Result, TrainError};
+
+/// torchvision's normalisation constants (ImageNet RGB mean and standard deviation).
+pub const IMAGENET_MEAN: [f64; 3] = [0.485, 0.456, 0.406];
+pub const IMAGENET_STD: [f64; 3] = [0.229, 0.224, 0.225];
+
+/// The recipe's knobs the step itself needs.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    pub precision: Precision,
+    /// Label smoothing ε of the training loss (0.1 in the usual ImageNet recipes).
+    pub label_smoothing: f64,
+    /// Clip gradients to this global L2 norm (after unscaling).
+    pub clip_norm: Option<f64>,
+    /// The schedule's base (peak) learning rate.
+    pub base_lr: f64,
+    pub schedule: Schedule,
+}
+
+/// What one training step did. `loss` stays on the device: reading it waits for the step.
+pub struct Step {
+    pub times: StepTimes,
+    pub loss: Tensor,
+    pub lr: f64,
+    pub images: usize,
+}
+
+/// A model, its optimizer and (for f16) a GradScaler, stepping on one device.
+pub struct Trainer {
+    model: Box<dyn Module>,
+    optimizer: Box<dyn Optimizer>,
+    scaler: Option<GradScaler>,
+    config: TrainConfig,
+    device: Device,
+    params: Vec<Tensor>,
+    steps: usize,
+}
+
+impl Trainer {
+    /// The model's parameters must be the ones `optimizer` updates, on `device`.
+    pub fn new(
+        model: Box<dyn Module>,
+        optimizer: Box<dyn Optimizer>,
+        config: TrainConfig,
+        device: Device,
+    ) -> Result<Self> {
+        let params: Vec<Tensor> = optimizer
+            .groups()
+            .iter()
+            .flat_map(|g| g.params.iter().cloned())
+            .collect();
+        if params.is_empty() {
+            return Err(TrainError::Config("the optimizer has no parameters".into()));
+        }
+        let scaler = if config.precision.needs_scaler() {
+            Some(GradScaler::new(&device, DType::F32)?)
+        } else {
+            None
+        };
+        model.set_training(true);
+        Ok(Self {
+            model,
+            optimizer,
+            scaler,
+            config,
+            device,
+            params,
+            steps: 0,
+        })
+    }
+
+    pub fn model(&self) -> &dyn Module {
+        self.model.as_ref()
+    }
+
+    pub fn optimizer(&self) -> &dyn Optimizer {
+        self.optimizer.as_ref()
+    }
+
+    pub fn scaler(&self) -> Option<&GradScaler> {
+        self.scaler.as_ref()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Optimizer steps issued so far (skipped AMP steps included: the schedule advances, as
+    /// PyTorch's scheduler does when its `step()` follows `scaler.step()`).
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// The learning rate of the next step.
+    pub fn lr(&self) -> f64 {
+        self.config.schedule.lr(self.config.base_lr, self.steps)
+    }
+
+    /// A loader batch on the device: the normalised input (the input op, in the compute dtype)
+    /// and the i64 labels. The pooled buffer goes with the upload and returns to the loader's
+    /// pool when the copy is done.
+    pub fn upload(&self, batch: Batch) -> Result<(Tensor, Tensor)> {
+        let (n, res) = (batch.len, batch.res);
+        let labels: Vec<i64> = batch.labels().collect();
+        let pixels = n * res * res * 3;
+        let bytes = HostBytes::Pooled(batch.into_buffer(), pixels);
+        let images = Tensor::upload(bytes, DType::U8, &[n, res, res, 3], &self.device)?;
+        let dtype = self.config.precision.autocast().unwrap_or(DType::F32);
+        let x = Tensor::normalize_input(&images, &IMAGENET_MEAN, &IMAGENET_STD, dtype)?;
+        let y = Tensor::from_slice(&labels, &[n], &self.device)?;
+        Ok((x, y))
+    }
+
+    /// The logits (in f32) under the precision's autocast scope.
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let scope = self.config.precision.autocast().map(autocast).transpose()?;
+        let logits = self.model.forward(x)?;
+        let logits = for_f32(&logits)?;
+        drop(scope);
+        Ok(logits)
+    }
+
+    /// Forward and the (label-smoothed) training loss; samples labelled -1 (skipped by the
+    /// loader) are left out.
+    pub fn forward(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        let logits = self.logits(x)?;
+        Ok(logits.cross_entropy(y, self.config.label_smoothing, Some(-1))?)
+    }
+
+    /// Backward from `loss` (scaled by the GradScaler when there is one).
+    pub fn backward(&self, loss: &Tensor) -> Result<()> {
+        match &self.scaler {
+            Some(s) => s.scale(loss)?.backward()?,
+            None => loss.backward()?,
+        }
+        Ok(())
+    }
+
+    /// Unscale, clip, step (skipped on the device on overflow), update the scale, clear the
+    /// gradients. Nothing here waits for the device.
+    pub fn update(&mut self) -> Result<()> {
+        let lr = self.lr();
+        let found_inf = match &mut self.scaler {
+            Some(s) => Some(s.step_flag(&self.params)?.clone()),
+            None => None,
+        };
+        if let Some(max_norm) = self.config.clip_norm {
+            clip_grad_norm(&self.params, max_norm)?;
+        }
+        self.optimizer.step(lr, found_inf.as_ref())?;
+        if let Some(s) = &mut self.scaler {
+            s.update()?;
+        }
+        zero_grad(self.optimizer.groups());
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// One training step on the next batch of `batches`, timed phase by phase.
+    pub fn train_step(
+        &mut self,
+        batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
+    ) -> Result<Step> {
+        let device = self.device.clone();
+        let mut clock = PhaseClock::start(&device);
+        let batch = batches.next().ok_or(TrainError::NoData)??;
+        let images = batch.len;
+        clock.lap(Phase::DataWait)?;
+        let (x, y) = self.upload(batch)?;
+        clock.lap(Phase::HostToDevice)?;
+        let loss = self.forward(&x, &y)?;
+        clock.lap(Phase::Forward)?;
+        self.backward(&loss)?;
+        clock.lap(Phase::Backward)?;
+        let lr = self.lr();
+        self.update()?;
+        clock.lap(Phase::Optimizer)?;
+        Ok(Step {
+            times: clock.times,
+            loss: loss.detach(),
+            lr,
+            images,
+        })
+    }
+
+    /// Loss, top-1 and top-5 over `batches` in evaluation mode (running statistics, no tape);
+    /// the model is back in training mode afterwards.
+    pub fn evaluate(
+        &self,
+        batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
+    ) -> Result<Evaluation> {
+        self.model.set_training(false);
+        let result = no_grad(|| self.evaluate_inner(batches));
+        self.model.set_training(true);
+        result
+    }
+
+    fn evaluate_inner(
+        &self,
+        batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
+    ) -> Result<Evaluation> {
+        let (mut loss_sum, mut top1, mut top5, mut images) = (0.0, 0, 0, 0);
+        for batch in batches {
+            let batch = batch?;
+            let labels: Vec<i64> = batch.labels().collect();
+            let counted = labels.iter().filter(|&&l| l >= 0).count();
+            let (x, y) = self.upload(batch)?;
+            let logits = self.logits(&x)?;
+            let logits = if logits.dtype() == DType::F32 {
+                logits
+            } else {
+                logits.cast(DType::F32)?
+            };
+            let classes = logits.shape()[1];
+            if counted > 0 {
+                loss_sum += logits.cross_entropy(&y, 0.0, Some(-1))?.item()? * counted as f64;
+            }
+            let host = logits.to_vec::<f32>()?;
+            top1 += top_k_correct(&host, classes, &labels, 1);
+            top5 += top_k_correct(&host, classes, &labels, 5.min(classes));
+            images += counted;
+        }
+        if images == 0 {
+            return Err(TrainError::NoData);
+        }
+        let n = images as f64;
+        Ok(Evaluation {
+            loss: loss_sum / n,
+            top1: top1 as f64 / n,
+            top5: top5 as f64 / n,
+            images,
+        })
+    }
+}

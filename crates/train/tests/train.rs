@@ -1,0 +1,176 @@
+//! The trainer end to end on the CPU backend: real JPEG shards from the synthetic set, the
+//! real loader, a small CNN. Fixed step counts, no timing assertions.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use redline_cpu::CpuBackend;
+use redline_datasets::generate::{synth_shards, SynthOptions};
+use redline_loader::{Config, Loader, Position};
+use redline_nn::layers::GlobalAvgPool;
+use redline_nn::{
+    decay_groups, named_parameters, AdamW, BatchNorm2d, Conv2d, Init, Linear, MaxPool2d, ReLU,
+    Schedule, Sequential, Sgd,
+};
+use redline_shard::ShardSet;
+use redline_tensor::{DType, Device, Pool2dParams, Tensor};
+use redline_train::{Phase, Precision, TrainConfig, Trainer};
+
+const CLASSES: usize = 4;
+const RES: usize = 32;
+
+fn small_cnn(device: &Device) -> Sequential {
+    let mut init = Init::new(3, device, DType::F32);
+    let conv =
+        |init: &mut Init, i, o, stride| Conv2d::resnet(init, i, o, 3, stride, 1).expect("conv");
+    let bn = |init: &Init, c| BatchNorm2d::new(init, c, 1.0).expect("bn");
+    Sequential::new()
+        .push(conv(&mut init, 3, 16, 1))
+        .push(bn(&init, 16))
+        .push(ReLU)
+        .push(MaxPool2d(Pool2dParams {
+            kernel: [2, 2],
+            stride: [2, 2],
+            padding: [0, 0],
+        }))
+        .push(conv(&mut init, 16, 32, 2))
+        .push(bn(&init, 32))
+        .push(ReLU)
+        .push(GlobalAvgPool)
+        .push(Linear::new(&mut init, 32, CLASSES).expect("linear"))
+}
+
+fn synth(dir: &Path, images: u64) -> (Arc<ShardSet>, Arc<ShardSet>) {
+    let options = SynthOptions {
+        classes: CLASSES as u32,
+        images,
+        seed: 11,
+        ..SynthOptions::default()
+    };
+    synth_shards(dir, &options).expect("synthetic shards");
+    let open = |split: &str| Arc::new(ShardSet::open(dir.join(split)).expect("shard set"));
+    (open("train"), open("val"))
+}
+
+fn loader(set: &Arc<ShardSet>, batch: usize, train: bool) -> Loader {
+    let config = Config::new(batch, RES, train);
+    Loader::new(set.clone(), config, Position::default()).expect("loader")
+}
+
+#[test]
+fn a_small_cnn_learns_the_synthetic_set_well_above_chance() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, val) = synth(dir.path(), 384);
+    let device = CpuBackend::device();
+    let model = small_cnn(&device);
+    let epochs = 8;
+    let mut batches = loader(&train, 32, true);
+    let total = epochs * batches.batches_per_epoch();
+    let sgd = Sgd::new(decay_groups(&model, 5e-4), 0.9, 0.0, true).unwrap();
+    let config = TrainConfig {
+        precision: Precision::Fp32,
+        label_smoothing: 0.1,
+        clip_norm: None,
+        base_lr: 0.2,
+        schedule: Schedule::one_cycle(total),
+    };
+    let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), config, device).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..total {
+        let step = trainer.train_step(&mut batches).unwrap();
+        assert_eq!(step.images, 32);
+        assert!(step.times.get(Phase::Backward) > std::time::Duration::ZERO);
+        losses.push(step.loss.item().unwrap());
+    }
+    let mut val_batches = loader(&val, 32, false);
+    let n = val_batches.batches_per_epoch();
+    let eval = trainer.evaluate(&mut val_batches.by_ref().take(n)).unwrap();
+    let first: f64 = losses[..5].iter().sum::<f64>() / 5.0;
+    let last: f64 = losses[losses.len() - 5..].iter().sum::<f64>() / 5.0;
+    eprintln!("loss {first:.3} → {last:.3}, val {eval:?}");
+    assert_eq!(eval.images, val.len() as usize);
+    assert!(last < first, "training loss falls: {first} → {last}");
+    // Chance is 1/4 (this recipe reaches about 0.78 here).
+    assert!(eval.top1 > 0.45, "val top-1 {} (chance 0.25)", eval.top1);
+    assert_eq!(eval.top5, 1.0, "4 classes: always in the top 5");
+}
+
+fn bits(tensors: Vec<(String, Tensor)>) -> Vec<(String, Vec<u64>)> {
+    tensors
+        .into_iter()
+        .map(|(n, t)| {
+            (
+                n,
+                t.to_f64_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_full_fp16_step_with_an_inf_gradient_changes_nothing_but_the_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 16);
+    let device = CpuBackend::device();
+    let model = small_cnn(&device);
+    let adamw = AdamW::new(decay_groups(&model, 0.05), 0.9, 0.999, 1e-8).unwrap();
+    let config = TrainConfig {
+        precision: Precision::Fp16,
+        label_smoothing: 0.1,
+        clip_norm: Some(1.0),
+        base_lr: 1e-3,
+        schedule: Schedule::Constant,
+    };
+    let mut trainer = Trainer::new(Box::new(model), Box::new(adamw), config, device).unwrap();
+    let mut batches = loader(&train, 8, true);
+    trainer.train_step(&mut batches).unwrap();
+    let weights = bits(named_parameters(trainer.model()));
+    let state = bits(trainer.optimizer().state());
+    let scale = trainer.scaler().expect("fp16 has a scaler").state()[0]
+        .1
+        .item()
+        .unwrap();
+    assert_eq!(scale, 65536.0);
+
+    let batch = batches.next().unwrap().unwrap();
+    let (x, y) = trainer.upload(batch).unwrap();
+    assert_eq!(
+        x.dtype(),
+        DType::F16,
+        "the input op writes the compute dtype"
+    );
+    let loss = trainer.forward(&x, &y).unwrap();
+    assert_eq!(loss.dtype(), DType::F32, "the loss is computed in f32");
+    trainer.backward(&loss).unwrap();
+    let (_, w) = &named_parameters(trainer.model())[0];
+    let g = w.grad().unwrap();
+    let mut v = g.to_vec::<f32>().unwrap();
+    v[0] = f32::INFINITY;
+    g.assign(&Tensor::from_slice(&v, g.shape(), g.device()).unwrap())
+        .unwrap();
+    trainer.update().unwrap();
+
+    assert_eq!(
+        bits(named_parameters(trainer.model())),
+        weights,
+        "weights bitwise unchanged"
+    );
+    assert_eq!(
+        bits(trainer.optimizer().state()),
+        state,
+        "moments and step counts unchanged"
+    );
+    let after = trainer.scaler().unwrap().state()[0].1.item().unwrap();
+    assert_eq!(after, scale / 2.0, "scale halved");
+    assert_eq!(trainer.steps(), 2, "the schedule still advances");
+    for (name, p) in named_parameters(trainer.model()) {
+        assert!(
+            p.grad().is_none(),
+            "{name}: gradients cleared for the next step"
+        );
+    }
+}
