@@ -12,7 +12,9 @@ import os
 import time
 
 import torch
-from torchvision import datasets, transforms
+from torchvision import datasets
+
+from seed_pipeline import train_transform
 
 
 def main():
@@ -24,12 +26,7 @@ def main():
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seconds", type=float, default=20.0)
     a = p.parse_args()
-    tf = transforms.Compose([
-        transforms.RandomResizedCrop(a.res),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ])
+    tf = train_transform(a.res)
     data = datasets.ImageFolder(a.folder, tf)
     loader = torch.utils.data.DataLoader(
         data, batch_size=a.batch, shuffle=True, num_workers=a.workers, pin_memory=True,

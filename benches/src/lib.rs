@@ -4,3 +4,51 @@
 //! prints their tables.
 
 pub mod ops;
+
+/// Writes every record of `set` as `folder/<class>/<index>.jpg` (or `.png`): the same bytes,
+/// as an ImageFolder tree for the PyTorch and FFCV sides of a comparison.
+pub fn export_folder(
+    set: &redline_shard::ShardSet,
+    folder: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let classes = set.classes();
+    for i in 0..set.len() {
+        let r = set.record(i)?;
+        let class = classes
+            .get(r.label.max(0) as usize)
+            .cloned()
+            .unwrap_or_else(|| format!("{}", r.label));
+        let dir = folder.join(class);
+        std::fs::create_dir_all(&dir)?;
+        let ext = if r.bytes.starts_with(&[0xFF, 0xD8]) {
+            "jpg"
+        } else {
+            "png"
+        };
+        std::fs::write(dir.join(format!("{i:08}.{ext}")), r.bytes)?;
+    }
+    Ok(())
+}
+
+/// The benchmark binaries' `--name value` arguments (they are driven by `cargo xtask bench`,
+/// which owns the user-facing flags and their help).
+pub struct Flags(Vec<String>);
+
+impl Flags {
+    pub fn from_env() -> Self {
+        Self(std::env::args().skip(1).collect())
+    }
+
+    /// The value after `name`, if given.
+    pub fn get(&self, name: &str) -> Option<String> {
+        let i = self.0.iter().position(|a| a == name)?;
+        self.0.get(i + 1).cloned()
+    }
+
+    /// The number after `name`, if given; an error naming the flag if it is not a number.
+    pub fn number(&self, name: &str) -> Result<Option<usize>, String> {
+        self.get(name)
+            .map(|v| v.parse().map_err(|e| format!("{name} {v}: {e}")))
+            .transpose()
+    }
+}

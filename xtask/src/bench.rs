@@ -23,6 +23,9 @@ pub enum Bench {
     /// The loader's training pipeline (img/s, per core, batch build p50/p99, decode rate),
     /// optionally next to PyTorch's DataLoader on the same images in the same run.
     Loader(LoaderArgs),
+    /// ResNet training throughput end to end (loader → input op → forward → backward →
+    /// AdamW) with the step breakdown; no arguments needed (`--vs pytorch` for the seed loop).
+    Imagenet(crate::imagenet::ImagenetArgs),
 }
 
 #[derive(Args)]
@@ -79,6 +82,7 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Shards(args) => shards(args),
         Bench::Ops(args) => ops(args),
         Bench::Loader(args) => loader(args),
+        Bench::Imagenet(args) => crate::imagenet::run(args),
     }
 }
 
@@ -211,21 +215,13 @@ fn ops(args: OpsArgs) -> Result<()> {
         }
     }
     let ours_path = run::target_dir().join("bench-ops.json");
-    let mut cmd = run::cargo();
-    cmd.args([
-        "run",
-        "--release",
-        "--quiet",
-        "--package",
-        "redline-benches",
-        "--bin",
-        "bench-ops",
-    ]);
-    if args.device == "wgpu" {
-        cmd.args(["--features", "wgpu"]);
-    }
-    cmd.arg("--")
-        .args(["--device", &args.device])
+    let features: &[&str] = if args.device == "wgpu" {
+        &["wgpu"]
+    } else {
+        &[]
+    };
+    let mut cmd = run::bench_binary("bench-ops", features);
+    cmd.args(["--device", &args.device])
         .arg("--out")
         .arg(&ours_path);
     // Rounds alternate redline and PyTorch, and each side keeps its best figure per row: on a
@@ -340,7 +336,7 @@ fn summary(rows: &[Value], pytorch: &dyn Fn(&str) -> Option<f64>) {
     }
 }
 
-fn python_has(modules: &str) -> bool {
+pub fn python_has(modules: &str) -> bool {
     std::process::Command::new("python3")
         .args(["-c", &format!("import {modules}")])
         .status()
@@ -375,22 +371,12 @@ fn loader(args: LoaderArgs) -> Result<()> {
     .iter()
     .flat_map(|(flag, value)| [flag.to_string(), value.to_string()])
     .collect();
-    let mut cmd = run::cargo();
-    cmd.args([
-        "run",
-        "--release",
-        "--quiet",
-        "--package",
-        "redline-benches",
-        "--bin",
-        "bench-loader",
-        "--",
-    ])
-    .arg("--shards")
-    .arg(&args.shards)
-    .arg("--out")
-    .arg(&ours_path)
-    .args(&shared);
+    let mut cmd = run::bench_binary("bench-loader", &[]);
+    cmd.arg("--shards")
+        .arg(&args.shards)
+        .arg("--out")
+        .arg(&ours_path)
+        .args(&shared);
     if let Some(codec) = &args.codec {
         cmd.arg("--codec").arg(codec);
     }

@@ -4,6 +4,7 @@
 //! builds in seconds and never drags heavy dependencies into the build.
 
 mod bench;
+mod imagenet;
 mod run;
 mod test;
 

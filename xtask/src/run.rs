@@ -26,6 +26,25 @@ pub fn cargo() -> Command {
     cmd
 }
 
+/// `cargo run --release` of one of `redline-benches`' binaries, with `features`, up to the
+/// `--` after which its own arguments go.
+pub fn bench_binary(bin: &str, features: &[&str]) -> Command {
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "redline-benches",
+    ])
+    .args(["--bin", bin]);
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
+    cmd.arg("--");
+    cmd
+}
+
 /// Runs `cmd`, echoing it first; returns its exit status.
 pub fn status(cmd: &mut Command) -> Result<ExitStatus> {
     eprintln!("$ {}", describe(cmd));

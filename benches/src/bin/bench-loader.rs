@@ -24,18 +24,10 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let flags = redline_benches::Flags::from_env();
+    let flag = |name: &str| flags.get(name);
     let number = |name: &str, default: usize| -> Result<usize, Box<dyn std::error::Error>> {
-        Ok(flag(name)
-            .map(|v| v.parse())
-            .transpose()?
-            .unwrap_or(default))
+        Ok(flags.number(name)?.unwrap_or(default))
     };
     let shards = flag("--shards").ok_or("--shards DIR is required")?;
     let out = flag("--out").ok_or("--out PATH is required")?;
@@ -48,7 +40,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let seconds = number("--seconds", 20)? as f64;
     let set = Arc::new(ShardSet::open(&shards)?);
     if let Some(folder) = flag("--folder") {
-        export_folder(&set, &folder)?;
+        redline_benches::export_folder(&set, std::path::Path::new(&folder))?;
     }
 
     let codec = match flag("--codec") {
@@ -114,26 +106,5 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "decoder": codec.name(),
     });
     std::fs::write(&out, serde_json::to_string_pretty(&report)? + "\n")?;
-    Ok(())
-}
-
-/// The set's records as `folder/<class>/<index>.<ext>` (an ImageFolder tree).
-fn export_folder(set: &ShardSet, folder: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let classes = set.classes();
-    for i in 0..set.len() {
-        let r = set.record(i)?;
-        let class = classes
-            .get(r.label.max(0) as usize)
-            .cloned()
-            .unwrap_or_else(|| format!("{}", r.label));
-        let dir = std::path::Path::new(folder).join(class);
-        std::fs::create_dir_all(&dir)?;
-        let ext = if r.bytes.starts_with(&[0xFF, 0xD8]) {
-            "jpg"
-        } else {
-            "png"
-        };
-        std::fs::write(dir.join(format!("{i:08}.{ext}")), r.bytes)?;
-    }
     Ok(())
 }

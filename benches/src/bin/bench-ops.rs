@@ -10,13 +10,8 @@ use redline_tensor::{Device, Result};
 use serde_json::json;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let flags = redline_benches::Flags::from_env();
+    let flag = |name: &str| flags.get(name);
     let device = flag("--device").unwrap_or_else(|| "cpu".into());
     let Some(out) = flag("--out") else {
         eprintln!("usage: bench-ops --device cpu|wgpu --out PATH [--only ROW]");

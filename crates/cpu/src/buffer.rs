@@ -5,6 +5,7 @@
 //! policy for half types). A storage whose type *is* the compute type is read in place.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use half::{bf16, f16};
@@ -55,8 +56,13 @@ impl Buffer {
 
 /// Vectors below this many bytes are left to the system allocator.
 const RECYCLE_MIN_BYTES: usize = 1 << 16;
-/// At most this many freed vectors are kept per element type.
-const RECYCLE_MAX: usize = 64;
+/// At most this many bytes of freed vectors are kept (all element types together). A training
+/// step frees every saved activation at the end of backward and allocates the same shapes in
+/// the next forward, so the cache must hold a whole step's worth (ResNet-50, batch 8: ~2 GB) —
+/// a small cap lets most of them go and every step faults in fresh pages again.
+const RECYCLE_MAX_BYTES: usize = 6 << 30;
+/// Bytes currently kept for reuse.
+static RECYCLED_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// A freed vector of exactly `len` elements, if one is kept (stale contents).
 fn reuse<E: Elem>(len: usize) -> Option<Vec<E>> {
@@ -65,6 +71,7 @@ fn reuse<E: Elem>(len: usize) -> Option<Vec<E>> {
     }
     let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
     let i = free.iter().position(|v| v.capacity() == len)?;
+    RECYCLED_BYTES.fetch_sub(len * std::mem::size_of::<E>(), Ordering::Relaxed);
     Some(free.swap_remove(i))
 }
 
@@ -96,13 +103,19 @@ pub(crate) fn overwritten<E: Elem>(len: usize) -> Vec<E> {
 }
 
 /// Gives a large vector back for [`zeros`] to reuse.
+/// Past the byte budget, the oldest kept vectors of this type go first.
 pub(crate) fn recycle<E: Elem>(v: Vec<E>) {
-    if v.capacity() * std::mem::size_of::<E>() >= RECYCLE_MIN_BYTES {
-        let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
-        if free.len() >= RECYCLE_MAX {
-            free.remove(0);
-        }
-        free.push(v);
+    let size = |v: &Vec<E>| v.capacity() * std::mem::size_of::<E>();
+    let bytes = size(&v);
+    if !(RECYCLE_MIN_BYTES..=RECYCLE_MAX_BYTES).contains(&bytes) {
+        return;
+    }
+    let mut free = E::recycled().lock().unwrap_or_else(|p| p.into_inner());
+    free.push(v);
+    let mut kept = RECYCLED_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    while kept > RECYCLE_MAX_BYTES && free.len() > 1 {
+        let old = free.remove(0);
+        kept = RECYCLED_BYTES.fetch_sub(size(&old), Ordering::Relaxed) - size(&old);
     }
 }
 

@@ -86,35 +86,38 @@ fn open(candidate: &Candidate) -> Result<Device> {
 
 /// The best device that is not a software adapter.
 pub fn best() -> Result<Device> {
-    let all = candidates();
-    let choice = all
-        .iter()
-        .find(|c| c.automatic())
-        .ok_or_else(|| TensorError::Device("no device at all".into()))?;
-    open(choice)
+    select(None).map(|(_, device)| device)
 }
 
 /// A device by name: "cpu", "wgpu" (the best wgpu adapter, software included), or
 /// "wgpu:<part of an adapter name>" (e.g. "wgpu:llvmpipe").
 pub fn by_name(name: &str) -> Result<Device> {
+    select(Some(name)).map(|(_, device)| device)
+}
+
+/// [`by_name`] (or [`best`] for `None`), opened, with the candidate it is — so a caller can
+/// tell a software adapter and size its work for it.
+pub fn select(name: Option<&str>) -> Result<(Candidate, Device)> {
     let all = candidates();
     let matches = |c: &&Candidate| match name {
-        "cpu" => c.kind == Kind::Cpu,
-        "wgpu" => c.kind == Kind::Wgpu,
-        _ => name
+        None => c.automatic(),
+        Some("cpu") => c.kind == Kind::Cpu,
+        Some("wgpu") => c.kind == Kind::Wgpu,
+        Some(name) => name
             .strip_prefix("wgpu:")
             .is_some_and(|part| c.kind == Kind::Wgpu && c.name.contains(part)),
     };
     let choice = all.iter().find(matches).ok_or_else(|| {
         TensorError::Device(format!(
-            "no device named {name:?} (available: {})",
+            "no device named {:?} (available: {})",
+            name.unwrap_or("(best)"),
             all.iter()
                 .map(|c| c.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
         ))
     })?;
-    open(choice)
+    Ok((choice.clone(), open(choice)?))
 }
 
 #[cfg(test)]

@@ -240,10 +240,10 @@ pub(crate) fn convert(x: &Data, xl: &Layout, dtype: DType, out: &Layout) -> Data
     if x.dtype() == dtype {
         return with_data!(x, v => Elem::wrap(relayout(v, xl, out)));
     }
-    // Through f64 whenever either side needs it (f64, integers), so nothing is rounded twice.
-    let wide = [x.dtype(), dtype]
-        .iter()
-        .any(|&d| !matches!(d, DType::F32 | DType::F16 | DType::BF16));
+    // Through f64 whenever either side needs it (f64, integers), so nothing is rounded twice —
+    // except u8 into a float type: every u8 is exact in f32 (masks, pixels: the common case).
+    let float = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+    let wide = !(float(dtype) && (float(x.dtype()) || x.dtype() == DType::U8));
     if wide {
         let src = as_compute::<f64>(x);
         from_compute(dtype, map([out, xl], [&[], &src], |v| v[1]))

@@ -199,7 +199,8 @@ fn unary_grad(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor>
         UnaryOp::Log => g.div(x),
         UnaryOp::Sqrt => g.div(&y.mul_scalar(2.0)?),
         UnaryOp::Rsqrt => g.mul(&y.mul(y)?.mul(y)?.mul_scalar(-0.5)?),
-        UnaryOp::Relu => g.mul(&x.gt_scalar(0.0)?.cast(g.dtype())?),
+        // One select instead of mask → cast → multiply: two fewer full passes per ReLU.
+        UnaryOp::Relu => Tensor::where_(&x.gt_scalar(0.0)?, g, &g.scalar_like(0.0)?),
         UnaryOp::Gelu => g.mul(&x.unary(UnaryOp::GeluGrad)?),
         UnaryOp::GeluGrad => Err(TensorError::Autograd(
             "gelu_grad has no backward (second derivatives of GELU are not supported)".into(),

@@ -1,0 +1,183 @@
+//! `bench-imagenet --shards DIR --out PATH [--model resnet18|34|50] [--res R] [--batch B]
+//! [--precision fp32|fp16|bf16] [--device NAME] [--steps N] [--seconds S] [--warmup W]
+//! [--workers N] [--svg PATH] [--trace PATH] [--folder DIR]`: ResNet training throughput end to
+//! end — the loader on real JPEG shards, the input op, forward, backward and AdamW — with each
+//! step split into its phases. `cargo xtask bench imagenet` drives it.
+//!
+//! Without `--device` it takes the registry's best device; a software adapter (only by name)
+//! gets a small model at low resolution unless `--model`/`--res` say otherwise, and the output
+//! names what ran. Measurement: `--warmup` steps, a device synchronisation, then steps until
+//! `--steps` (or `--seconds` have passed and at least 5 steps ran).
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use redline::registry::{self, Kind};
+use redline_benches::Flags;
+use redline_loader::{Config, Loader, Position};
+use redline_nn::{named_parameters, AdamW, ParamGroup, ResNet, ResNetConfig};
+use redline_shard::ShardSet;
+use redline_train::{chrome_trace, svg, Precision, Summary, TrainConfig, Trainer};
+use serde_json::json;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-imagenet: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+fn run() -> Res<()> {
+    let flags = Flags::from_env();
+    let flag = |name: &str| flags.get(name);
+    let number = |name: &str| flags.number(name);
+    let shards = flag("--shards").ok_or("--shards DIR is required")?;
+    let out = flag("--out").ok_or("--out PATH is required")?;
+    let (candidate, device) = registry::select(flag("--device").as_deref())?;
+    let software = candidate.kind == Kind::Wgpu && candidate.software;
+    // A software adapter runs at ~0.3 GFLOP/s: a small model at low resolution.
+    let (default_model, default_res, default_batch) = if software {
+        ("resnet18", 32, 4)
+    } else {
+        ("resnet50", 224, 8)
+    };
+    let model_name = flag("--model").unwrap_or_else(|| default_model.into());
+    let depth: usize = model_name
+        .strip_prefix("resnet")
+        .and_then(|d| d.parse().ok())
+        .filter(|d| [18, 34, 50].contains(d))
+        .ok_or_else(|| format!("--model {model_name}: use resnet18, resnet34 or resnet50"))?;
+    let res = number("--res")?.unwrap_or(default_res);
+    let batch = number("--batch")?.unwrap_or(default_batch);
+    let precision: Precision = match flag("--precision") {
+        Some(p) => p.parse()?,
+        // AMP where the device has fast half precision; the CPU backend's is f32.
+        None if candidate.kind == Kind::Cpu || software => Precision::Fp32,
+        None => Precision::Fp16,
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = number("--workers")?.unwrap_or(cores);
+    let warmup = number("--warmup")?.unwrap_or(2);
+    let max_steps = number("--steps")?;
+    let seconds = number("--seconds")?.unwrap_or(60) as f64;
+
+    let set = Arc::new(ShardSet::open(&shards).map_err(|e| format!("{shards}: {e}"))?);
+    if let Some(folder) = flag("--folder") {
+        redline_benches::export_folder(&set, std::path::Path::new(&folder))?;
+    }
+    let model = ResNet::new(ResNetConfig::new(depth), &device)?;
+    let macs = model.macs_per_image(res)?;
+    let params = named_parameters(&model)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    // The seed loop's optimizer: torch.optim.AdamW's defaults, one group.
+    let adamw = AdamW::new(vec![ParamGroup::new(params, 0.01)], 0.9, 0.999, 1e-8)?;
+    let config = TrainConfig {
+        precision,
+        label_smoothing: 0.0,
+        clip_norm: None,
+        base_lr: 1e-3,
+        schedule: redline_nn::Schedule::Constant,
+    };
+    let num_params = redline_nn::num_parameters(&model);
+    let mut trainer = Trainer::new(Box::new(model), Box::new(adamw), config, device.clone())?;
+    let loader_config = Config {
+        workers,
+        ..Config::new(batch, res, true)
+    };
+    let mut loader = Loader::new(set.clone(), loader_config, Position::default())?;
+
+    eprintln!(
+        "bench-imagenet: {} ({} parameters) at {res}px, batch {batch}, {precision}, on {}; \
+         {warmup} warm-up steps",
+        model_name,
+        num_params,
+        device.name()
+    );
+    for _ in 0..warmup {
+        trainer.train_step(&mut loader)?.loss.item()?;
+    }
+    device.synchronize()?;
+    let started = Instant::now();
+    let mut times = Vec::new();
+    let mut last_loss = f64::NAN;
+    loop {
+        let step = trainer.train_step(&mut loader)?;
+        times.push(step.times);
+        let done = match max_steps {
+            Some(n) => times.len() >= n,
+            None => started.elapsed().as_secs_f64() >= seconds && times.len() >= 5,
+        };
+        if times.len() % 5 == 0 || done {
+            last_loss = step.loss.item()?;
+            let s = Summary::new(&times, batch);
+            eprint!(
+                "\r  step {:>4}  {:>7.2} img/s  loss {:.3}  {:.0} s ",
+                times.len(),
+                s.images_per_sec,
+                last_loss,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        if done {
+            break;
+        }
+    }
+    eprintln!();
+    let summary = Summary::new(&times, batch);
+    let gmac = macs as f64 / 1e9;
+    // Training ≈ 3× the forward pass (input and weight gradients), 2 FLOP per MAC.
+    let gflops = 6.0 * gmac * summary.images_per_sec;
+    let mut report = summary.to_json();
+    let extra = json!({
+        "device": device.name(),
+        "device_kind": format!("{:?}", candidate.kind).to_lowercase(),
+        "software_adapter": software,
+        "model": model_name,
+        "parameters": num_params,
+        "resolution": res,
+        "precision": precision.to_string(),
+        "optimizer": "adamw",
+        "workers": workers,
+        "gmac_per_image": gmac,
+        "achieved_gflops": gflops,
+        "peak_memory_bytes": peak_rss(),
+        "peak_memory_source": "process peak resident set (VmHWM)",
+        "final_loss": last_loss,
+        "loader_data_stall": loader.data_stall(),
+        "measured_seconds": started.elapsed().as_secs_f64(),
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        report[k] = v.clone();
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&report)?)?;
+    let title = format!(
+        "{model_name} {res}px batch {batch} {precision} on {}: {:.2} img/s",
+        device.name(),
+        summary.images_per_sec
+    );
+    if let Some(path) = flag("--svg") {
+        std::fs::write(path, svg(&times, batch, &title))?;
+    }
+    if let Some(path) = flag("--trace") {
+        let few = &times[..times.len().min(10)];
+        std::fs::write(path, serde_json::to_string(&chrome_trace(few))?)?;
+    }
+    Ok(())
+}
+
+/// The process's peak resident memory in bytes (Linux), or None.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

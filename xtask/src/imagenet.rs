@@ -1,0 +1,319 @@
+//! `cargo xtask bench imagenet`: ResNet training throughput end to end, on the synthetic set
+//! unless `--data` names another, optionally next to PyTorch's loop in the same invocation.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::Value;
+
+use crate::run::{self, Profile};
+
+const INSTALL_TORCH: &str = "--vs pytorch needs torch and torchvision importable by `python3`: \
+    `pip install torch torchvision` (the CPU is all it uses)";
+
+/// The synthetic set the bench makes once: ImageNet-like JPEGs (~500×375, ~100 KB).
+const SYNTH_IMAGES: u64 = 1000;
+const SYNTH_CLASSES: u64 = 10;
+
+#[derive(Args)]
+pub struct ImagenetArgs {
+    /// Shards (a set, or a folder with `train/`) or an ImageFolder tree (converted once, cached).
+    /// Default: the synthetic set, generated once under target/.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// resnet18, resnet34 or resnet50 (default: resnet50; resnet18 on a software adapter).
+    #[arg(long)]
+    model: Option<String>,
+    /// Training resolution (default 224; 32 on a software adapter).
+    #[arg(long)]
+    res: Option<usize>,
+    /// Batch size (default 8; 4 on a software adapter).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// fp32, fp16 or bf16 (default: fp16 on a GPU, fp32 on the CPU).
+    #[arg(long, value_parser = ["fp32", "fp16", "bf16"])]
+    precision: Option<String>,
+    /// cpu, wgpu, wgpu:<adapter> (default: the registry's best device).
+    #[arg(long)]
+    device: Option<String>,
+    /// Measured steps (default: as many as fit in --seconds, at least 5).
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Measurement budget in seconds when --steps is not given.
+    #[arg(long, default_value_t = 60)]
+    seconds: usize,
+    /// Warm-up steps before measuring.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Loader threads (default: every core).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Where the JSON report goes (default target/bench-imagenet.json; an SVG and a Chrome trace
+    /// are written beside it).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Run the seed's PyTorch loop (benches/pytorch/imagenet.py) on the same data, model,
+    /// batch, precision and resolution, at its best memory layout.
+    #[arg(long, value_parser = ["pytorch"])]
+    vs: Option<String>,
+}
+
+pub fn run(args: ImagenetArgs) -> Result<()> {
+    if args.vs.is_some() && !crate::bench::python_has("torch, torchvision") {
+        bail!(INSTALL_TORCH);
+    }
+    let work = run::target_dir().join("bench-imagenet");
+    let shards = match &args.data {
+        None => synthetic(&work)?,
+        Some(path) => shard_set(path, &work)?,
+    };
+    let json_path = args
+        .json
+        .clone()
+        .unwrap_or_else(|| run::target_dir().join("bench-imagenet.json"));
+    let svg_path = json_path.with_extension("svg");
+    let trace_path = json_path.with_extension("trace.json");
+    let folder = work.join("imagefolder");
+
+    let mut cmd = run::bench_binary("bench-imagenet", &[]);
+    cmd.arg("--shards")
+        .arg(&shards)
+        .arg("--out")
+        .arg(&json_path)
+        .arg("--svg")
+        .arg(&svg_path)
+        .arg("--trace")
+        .arg(&trace_path);
+    let options = [
+        ("--model", args.model.clone()),
+        ("--res", args.res.map(|v| v.to_string())),
+        ("--batch", args.batch.map(|v| v.to_string())),
+        ("--precision", args.precision.clone()),
+        ("--device", args.device.clone()),
+        ("--steps", args.steps.map(|v| v.to_string())),
+        ("--workers", args.workers.map(|v| v.to_string())),
+        ("--seconds", Some(args.seconds.to_string())),
+        ("--warmup", Some(args.warmup.to_string())),
+    ];
+    for (flag, value) in &options {
+        if let Some(v) = value {
+            cmd.arg(flag).arg(v);
+        }
+    }
+    if args.vs.is_some() {
+        let _ = fs::remove_dir_all(&folder);
+        cmd.arg("--folder").arg(&folder);
+    }
+    run::check(&mut cmd)?;
+    let mut report = read(&json_path)?;
+
+    if args.vs.is_some() {
+        let theirs_path = work.join("pytorch.json");
+        let text = |k: &str| report[k].to_string().trim_matches('"').to_string();
+        let mut py = std::process::Command::new("python3");
+        py.current_dir(run::root())
+            .arg("benches/pytorch/imagenet.py")
+            .arg("--folder")
+            .arg(&folder)
+            .arg("--out")
+            .arg(&theirs_path)
+            .args(["--model", &text("model")])
+            .args(["--res", &text("resolution")])
+            .args(["--batch", &text("batch")])
+            .args(["--precision", &text("precision")])
+            .args(["--workers", &text("workers")])
+            .args(["--warmup", &args.warmup.to_string()])
+            .args(["--seconds", &args.seconds.to_string()]);
+        if let Some(n) = args.steps {
+            py.args(["--steps", &n.to_string()]);
+        }
+        run::check(&mut py)?;
+        let theirs = read(&theirs_path)?;
+        report["pytorch_images_per_sec"] = theirs["images_per_sec"].clone();
+        report["pytorch_layout"] = theirs["layout"].clone();
+        report["pytorch_runs"] = theirs["runs"].clone();
+        fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", json_path.display()))?;
+    }
+    print_table(&report);
+    println!(
+        "wrote {}, {} and {}",
+        json_path.display(),
+        svg_path.display(),
+        trace_path.display()
+    );
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<Value> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The synthetic training set, generated on first use.
+fn synthetic(work: &Path) -> Result<PathBuf> {
+    let dir = work.join(format!("synth-{SYNTH_CLASSES}x{SYNTH_IMAGES}"));
+    let train = dir.join("train");
+    if !train.join("manifest.json").exists() {
+        eprintln!(
+            "generating the synthetic set once (cached in {})",
+            dir.display()
+        );
+        let _ = fs::remove_dir_all(&dir);
+        let mut synth = run::data_tool_command(Profile::Release);
+        synth.args(["synth", "--out"]).arg(&dir).args([
+            "--classes",
+            &SYNTH_CLASSES.to_string(),
+            "--images",
+            &SYNTH_IMAGES.to_string(),
+        ]);
+        run::check(&mut synth)?;
+    }
+    Ok(train)
+}
+
+/// `path` as a training shard set: itself, its `train/`, or an ImageFolder tree converted once
+/// (cached under `work`, keyed by the tree's path).
+fn shard_set(path: &Path, work: &Path) -> Result<PathBuf> {
+    if path.join("manifest.json").exists() {
+        return Ok(path.to_path_buf());
+    }
+    if path.join("train/manifest.json").exists() {
+        return Ok(path.join("train"));
+    }
+    if !path.is_dir() {
+        bail!("--data {}: not a directory", path.display());
+    }
+    let abs = fs::canonicalize(path).with_context(|| format!("--data {}", path.display()))?;
+    let key: String = abs
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let out = work.join(format!("folder{key}"));
+    let train = if path.join("train").is_dir() {
+        out.join("train")
+    } else {
+        out.clone()
+    };
+    if !train.join("manifest.json").exists() {
+        eprintln!(
+            "converting the ImageFolder tree {} to shards once",
+            abs.display()
+        );
+        let _ = fs::remove_dir_all(&out);
+        let mut build = run::data_tool_command(Profile::Release);
+        build
+            .args(["build", "--from-folder"])
+            .arg(&abs)
+            .arg("--out")
+            .arg(&out);
+        run::check(&mut build)?;
+    }
+    if !train.join("manifest.json").exists() {
+        bail!("--data {}: no shard set after conversion", path.display());
+    }
+    Ok(train)
+}
+
+fn print_table(r: &Value) {
+    let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    let s = |k: &str| r[k].as_str().unwrap_or("?").to_string();
+    println!(
+        "\nbench imagenet: {} on {}{}",
+        s("model"),
+        s("device"),
+        if r["software_adapter"].as_bool() == Some(true) {
+            " (a software adapter: small model, low resolution)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  resolution {}px, batch {}, {}, AdamW, {} measured steps",
+        r["resolution"],
+        r["batch"],
+        s("precision"),
+        r["steps"]
+    );
+    println!("  throughput     {:>8.2} img/s", f("images_per_sec"));
+    println!(
+        "  step           p50 {:.0} ms, p90 {:.0} ms",
+        f("step_p50_ms"),
+        f("step_p90_ms")
+    );
+    let b = &r["breakdown_p50_ms"];
+    let total: f64 = [
+        "data_wait",
+        "host_to_device",
+        "forward",
+        "backward",
+        "optimizer",
+    ]
+    .iter()
+    .map(|k| b[k].as_f64().unwrap_or(0.0))
+    .sum();
+    for k in [
+        "data_wait",
+        "host_to_device",
+        "forward",
+        "backward",
+        "optimizer",
+    ] {
+        let v = b[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "    {k:<15} {v:>8.1} ms  {:>5.1}%",
+            100.0 * v / total.max(1e-9)
+        );
+    }
+    println!("  data stall     {:.3} of the step time", f("data_stall"));
+    if let Some(peak) = r["peak_memory_bytes"].as_f64() {
+        println!(
+            "  peak memory    {:.2} GiB (process peak RSS)",
+            peak / (1u64 << 30) as f64
+        );
+    }
+    println!(
+        "  compute        {:.2} GMAC/img, {:.1} GFLOP/s achieved (training = 3 × forward)",
+        f("gmac_per_image"),
+        f("achieved_gflops")
+    );
+    if let Some(p) = r["pytorch_images_per_sec"].as_f64() {
+        println!(
+            "  PyTorch        {:>8.2} img/s ({}, its best layout) → redline {:.2}x",
+            p,
+            r["pytorch_layout"].as_str().unwrap_or("?"),
+            f("images_per_sec") / p
+        );
+        for run in r["pytorch_runs"].as_array().into_iter().flatten() {
+            println!(
+                "    {:<14} {:>8.2} img/s",
+                run["layout"].as_str().unwrap_or("?"),
+                run["images_per_sec"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_paths_resolve_to_training_shard_sets() {
+        let dir = std::env::temp_dir().join(format!("xtask-imagenet-{}", std::process::id()));
+        let set = dir.join("set");
+        fs::create_dir_all(set.join("train")).unwrap();
+        fs::write(set.join("train/manifest.json"), "{}").unwrap();
+        assert_eq!(shard_set(&set, &dir).unwrap(), set.join("train"));
+        assert_eq!(
+            shard_set(&set.join("train"), &dir).unwrap(),
+            set.join("train")
+        );
+        let err = shard_set(&dir.join("missing"), &dir).unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
