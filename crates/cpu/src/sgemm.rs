@@ -92,64 +92,159 @@ pub(crate) unsafe fn sgemm(
             };
             // The first K block applies beta; later ones accumulate.
             let beta = if k0 == 0 { beta } else { 1.0 };
-            for i0 in (0..m).step_by(MC) {
-                let mc = MC.min(m - i0);
-                // Row-major A is read in place by the kernel (12 streams, one per row); only a
-                // ragged last panel is packed (zero-padded). Other A layouts are packed whole.
-                let direct = csa == 1;
-                let full = if direct { mc / MR } else { 0 };
-                // SAFETY: reads within a's matrix.
-                unsafe { pack_a(pa, a, rsa, csa, i0 + full * MR, mc - full * MR, k0, kc) };
-                for jp in 0..n_panels {
-                    let cols = NR.min(n - jp * NR);
-                    let b_panel = pb[jp * NR * kc..].as_ptr();
-                    for ip in 0..mc.div_ceil(MR) {
-                        let rows = MR.min(mc - ip * MR);
-                        let row0 = i0 + ip * MR;
-                        // SAFETY: packs sized above; the tile lies within c; direct rows lie in a.
-                        unsafe {
-                            let c_tile = c.offset(row0 as isize * rsc + (jp * NR) as isize * csc);
-                            if ip < full {
-                                let a_rows = a.offset(row0 as isize * rsa + k0 as isize);
-                                let a = ASrc {
-                                    ptr: a_rows,
-                                    lda: rsa as usize,
-                                    taps: &[0],
-                                    run: kc,
-                                };
-                                kernel::<true>(
-                                    a,
-                                    b_panel,
-                                    &rows_of(c_tile, rsc),
-                                    csc,
-                                    beta,
-                                    rows,
-                                    cols,
-                                );
-                            } else {
-                                let a_panel = pa.as_ptr().add((ip - full) * MR * kc);
-                                let a = ASrc {
-                                    ptr: a_panel,
-                                    lda: MR,
-                                    taps: &[0],
-                                    run: kc,
-                                };
-                                kernel::<false>(
-                                    a,
-                                    b_panel,
-                                    &rows_of(c_tile, rsc),
-                                    csc,
-                                    beta,
-                                    rows,
-                                    cols,
-                                );
-                            }
-                        }
+            // SAFETY: the caller's contract; pb holds this block's panels.
+            unsafe { multiply_block(pa, a, [rsa, csa], pb, k0, kc, m, n, beta, c, [rsc, csc]) };
+        }
+    });
+}
+
+/// B `[k, n]` packed once, in the `KC`-row blocks [`sgemm`] multiplies by: for a B shared by
+/// many GEMMs (a convolution's weights, across row tiles and threads), so it is not packed
+/// again for every tile.
+pub(crate) struct PackedBlocks {
+    k: usize,
+    n: usize,
+    data: Vec<f32>,
+}
+
+impl PackedBlocks {
+    /// # Safety
+    /// `b` with strides `[rsb, csb]` addresses a valid `[k, n]` matrix.
+    pub unsafe fn new(b: *const f32, [rsb, csb]: [isize; 2], k: usize, n: usize) -> Self {
+        let width = n.div_ceil(NR) * NR;
+        let mut data = vec![0.0; width * k];
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            // SAFETY: the caller's contract.
+            unsafe {
+                pack_b(
+                    &mut data[k0 * width..],
+                    |p| Some(b.wrapping_offset(p as isize * rsb)),
+                    csb,
+                    k0,
+                    kc,
+                    n,
+                )
+            };
+        }
+        Self { k, n, data }
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+}
+
+/// [`sgemm`] with B already packed: `c = a·B + beta·c` for strided `a [m, B.k]`.
+///
+/// # Safety
+/// As [`sgemm`] for `a` and `c`.
+pub(crate) unsafe fn sgemm_packed(
+    m: usize,
+    a: *const f32,
+    [rsa, csa]: [isize; 2],
+    b: &PackedBlocks,
+    beta: f32,
+    c: *mut f32,
+    [rsc, csc]: [isize; 2],
+) {
+    let (k, n) = (b.k, b.n);
+    if m == 0 || n == 0 || k == 0 {
+        // SAFETY: with k = 0 only c is touched (beta · c); b is never read.
+        unsafe {
+            sgemm(
+                m,
+                k,
+                n,
+                a,
+                [rsa, csa],
+                b.data.as_ptr(),
+                [0, 0],
+                beta,
+                c,
+                [rsc, csc],
+            )
+        };
+        return;
+    }
+    let width = n.div_ceil(NR) * NR;
+    PACKS.with(|packs| {
+        let (pa, _) = &mut *packs.borrow_mut();
+        pa.resize(MC * k.min(KC), 0.0);
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            let beta = if k0 == 0 { beta } else { 1.0 };
+            let block = &b.data[k0 * width..k0 * width + width * kc];
+            // SAFETY: the caller's contract; the block holds this K block's panels.
+            unsafe { multiply_block(pa, a, [rsa, csa], block, k0, kc, m, n, beta, c, [rsc, csc]) };
+        }
+    });
+}
+
+/// One K block of the GEMM: `c (+)= a[:, k0..k0+kc] · pb`, with `pb` this block's packed B
+/// panels and `pa` the A packing buffer (`MC × kc`).
+///
+/// # Safety
+/// As [`sgemm`]; `pb` holds `n.div_ceil(NR)` panels of `kc × NR`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn multiply_block(
+    pa: &mut [f32],
+    a: *const f32,
+    [rsa, csa]: [isize; 2],
+    pb: &[f32],
+    k0: usize,
+    kc: usize,
+    m: usize,
+    n: usize,
+    beta: f32,
+    c: *mut f32,
+    [rsc, csc]: [isize; 2],
+) {
+    let n_panels = n.div_ceil(NR);
+    for i0 in (0..m).step_by(MC) {
+        let mc = MC.min(m - i0);
+        // Row-major A is read in place by the kernel (12 streams, one per row); only a
+        // ragged last panel is packed (zero-padded). Other A layouts are packed whole.
+        let direct = csa == 1;
+        let full = if direct { mc / MR } else { 0 };
+        // SAFETY: reads within a's matrix.
+        unsafe { pack_a(pa, a, rsa, csa, i0 + full * MR, mc - full * MR, k0, kc) };
+        for jp in 0..n_panels {
+            let cols = NR.min(n - jp * NR);
+            let b_panel = pb[jp * NR * kc..].as_ptr();
+            for ip in 0..mc.div_ceil(MR) {
+                let rows = MR.min(mc - ip * MR);
+                let row0 = i0 + ip * MR;
+                // SAFETY: packs sized above; the tile lies within c; direct rows lie in a.
+                unsafe {
+                    let c_tile = c.offset(row0 as isize * rsc + (jp * NR) as isize * csc);
+                    if ip < full {
+                        let a_rows = a.offset(row0 as isize * rsa + k0 as isize);
+                        let a = ASrc {
+                            ptr: a_rows,
+                            lda: rsa as usize,
+                            taps: &[0],
+                            run: kc,
+                        };
+                        kernel::<true>(a, b_panel, &rows_of(c_tile, rsc), csc, beta, rows, cols);
+                    } else {
+                        let a_panel = pa.as_ptr().add((ip - full) * MR * kc);
+                        let a = ASrc {
+                            ptr: a_panel,
+                            lda: MR,
+                            taps: &[0],
+                            run: kc,
+                        };
+                        kernel::<false>(a, b_panel, &rows_of(c_tile, rsc), csc, beta, rows, cols);
                     }
                 }
             }
         }
-    });
+    }
 }
 
 /// B `[k, n]` packed once into `NR`-column panels over all its rows (convolution weights:

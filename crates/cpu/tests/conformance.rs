@@ -90,6 +90,14 @@ fn convolutions_over_several_tiles_and_threads() {
         // 1×1 stride 1: the no-im2col path.
         conv_case([2, 32, 20, 20], [24, 32, 1, 1], Conv2dParams::default(), cl);
     }
+    // Deep 1×1 layers (more channels than pixels: one GEMM over all pixels for the weight
+    // gradient), grouped too.
+    conv_case([2, 64, 3, 3], [48, 64, 1, 1], Conv2dParams::default(), true);
+    let two_groups = Conv2dParams {
+        groups: 2,
+        ..Default::default()
+    };
+    conv_case([2, 32, 4, 4], [24, 16, 1, 1], two_groups, false);
     // ResNet's downsampling 1×1 stride 2, a strided 7×7 stem, groups with dilation.
     conv_case(
         [2, 16, 17, 17],
@@ -125,6 +133,24 @@ fn convolutions_over_several_tiles_and_threads() {
         ..Default::default()
     };
     conv_case([3, 16, 15, 13], [8, 4, 3, 3], grouped, true);
+}
+
+#[test]
+fn a_convolution_computes_only_the_gradients_that_are_needed() {
+    // The stem: its input (the data) needs no gradient; the weight's must still be right.
+    agree("stem weight gradient without an input gradient", |dev| {
+        let x = tensor(&[2, 3, 12, 12], 1, dev);
+        let w = tensor(&[8, 3, 7, 7], 2, dev).with_requires_grad(true);
+        let p = Conv2dParams {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Default::default()
+        };
+        let y = x.conv2d(&w, None, p)?;
+        y.mul(&tensor(y.shape(), 3, dev))?.sum(&[], false)?.backward()?;
+        assert!(x.grad().is_none(), "no gradient for an input that does not require one");
+        Ok(vec![w.grad().expect("the weight's gradient")])
+    });
 }
 
 #[test]

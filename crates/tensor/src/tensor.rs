@@ -267,9 +267,12 @@ impl Tensor {
             grad.sum_to(self.shape())?.cast(self.dtype())?.detach()
         };
         // A leaf's gradient is updated in place (unscaling, clipping, the optimizer ops read
-        // it whole): make sure it is a whole dense storage that nothing else shares — the
+        // it whole, element for element with the leaf): make sure it is a whole dense storage
+        // in the leaf's own memory order (or row-major) that nothing else shares — the
         // backward of `a + b` hands one tensor to both inputs.
-        let owned = grad.layout().is_contiguous()
+        let (gl, own) = (grad.layout(), self.layout());
+        let same_order = gl.is_contiguous() || (gl.is_dense() && gl.strides() == own.strides());
+        let owned = same_order
             && grad.storage().len() == grad.numel()
             && Arc::strong_count(grad.storage()) == 1;
         let grad = if owned { grad } else { grad.contiguous_copy()? };

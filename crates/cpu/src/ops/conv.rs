@@ -18,7 +18,7 @@ use crate::buffer::{
     as_compute, from_compute, overwritten, recycle, with_compute, zeros, Data, Real,
 };
 use crate::ops::elementwise::{dense, Dense};
-use crate::ops::matmul::{gemm_rows, Mat};
+use crate::ops::matmul::{gemm_rows, Mat, SharedB};
 use crate::parallel::{self, Disjoint};
 
 mod implicit;
@@ -77,8 +77,14 @@ impl Geom {
         self.kh == 1 && self.kw == 1 && self.p.stride == [1, 1] && self.p.padding == [0, 0]
     }
 
-    /// Output pixels per tile.
+    /// Output pixels per tile. An im2col tile is sized to stay in L2; a pointwise convolution
+    /// reads its input in place, so its tiles only split the work — two per thread, as large
+    /// as that allows (small tiles cost a pass over the weight-gradient accumulator each).
     fn tile_rows<C>(&self) -> usize {
+        if self.pointwise() {
+            let per_tile = self.pixels().div_ceil(2 * parallel::threads());
+            return per_tile.next_multiple_of(8).max(16);
+        }
         (TILE_BYTES / (self.k() * std::mem::size_of::<C>()).max(1)).clamp(16, 2048) / 8 * 8
     }
 
@@ -240,16 +246,22 @@ fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], wmat: &[C]) -> Ve
     let tile = g.tile_rows::<C>();
     let mut y = overwritten::<C>(rows * o);
     let out = Disjoint::new(&mut y);
+    // The weights are packed once and shared by every tile and thread.
+    let weights: Vec<SharedB<C>> = (0..g.p.groups)
+        .map(|grp| {
+            let b = Mat {
+                data: wmat,
+                offset: grp * g.og,
+                strides: [o, 1],
+            };
+            SharedB::new(b, k, g.og)
+        })
+        .collect();
     tiles(rows, tile, |_, range| {
         let mut cols = arena.take::<C>(if g.pointwise() { 0 } else { tile * k });
         for t in range {
             let r = tile_range(t, tile, rows);
-            for grp in 0..g.p.groups {
-                let b = Mat {
-                    data: wmat,
-                    offset: grp * g.og,
-                    strides: [o, 1],
-                };
+            for (grp, b) in weights.iter().enumerate() {
                 // SAFETY: tiles are disjoint row ranges of y.
                 let dst = unsafe { out.slice(r.start * o + grp * g.og..r.end * o) };
                 if g.pointwise() {
@@ -258,7 +270,7 @@ fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], wmat: &[C]) -> Ve
                         offset: grp * g.cg,
                         strides: [g.c, 1],
                     };
-                    gemm_rows(a, b, k, g.og, r.clone(), dst, o, false);
+                    b.gemm_rows(a, k, g.og, r.clone(), dst, o, false);
                 } else {
                     g.im2col(x, grp, r.clone(), &mut cols);
                     let a = Mat {
@@ -266,7 +278,7 @@ fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], wmat: &[C]) -> Ve
                         offset: 0,
                         strides: [k, 1],
                     };
-                    gemm_rows(a, b, k, g.og, 0..r.len(), dst, o, false);
+                    b.gemm_rows(a, k, g.og, 0..r.len(), dst, o, false);
                 }
             }
         }
@@ -299,20 +311,30 @@ pub(crate) fn conv2d_input_grad(
 fn input_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, gy: &[C], wmat: &[C]) -> Vec<C> {
     let (rows, k, o, c) = (g.pixels(), g.k(), g.o, g.c);
     let tile = g.tile_rows::<C>();
-    let mut dx = zeros::<C>(g.n * g.h * g.w * c);
-    let out = Disjoint::new(&mut dx);
-    // wmatᵀ of group grp: [og, k].
-    let wt = |grp: usize| Mat {
-        data: wmat,
-        offset: grp * g.og,
-        strides: [1, o],
+    // Pointwise: every element is written by the GEMMs (no fill pass); else col2im adds into it.
+    let mut dx = if g.pointwise() {
+        overwritten::<C>(g.n * g.h * g.w * c)
+    } else {
+        zeros::<C>(g.n * g.h * g.w * c)
     };
+    let out = Disjoint::new(&mut dx);
+    // wmatᵀ of each group, [og, k] (pointwise: k = cg), packed once for every tile and thread.
+    let wt: Vec<SharedB<C>> = (0..g.p.groups)
+        .map(|grp| {
+            let b = Mat {
+                data: wmat,
+                offset: grp * g.og,
+                strides: [1, o],
+            };
+            SharedB::new(b, g.og, if g.pointwise() { g.cg } else { k })
+        })
+        .collect();
     if g.pointwise() {
         // dx rows are the output pixels: a plain GEMM, rows split freely.
         tiles(rows, tile, |_, range| {
             for t in range {
                 let r = tile_range(t, tile, rows);
-                for grp in 0..g.p.groups {
+                for (grp, wt) in wt.iter().enumerate() {
                     let a = Mat {
                         data: gy,
                         offset: grp * g.og,
@@ -320,7 +342,7 @@ fn input_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, gy: &[C], wmat: &[C]) -
                     };
                     // SAFETY: tiles are disjoint row ranges of dx.
                     let dst = unsafe { out.slice(r.start * c + grp * g.cg..r.end * c) };
-                    gemm_rows(a, wt(grp), g.og, g.cg, r.clone(), dst, c, false);
+                    wt.gemm_rows(a, g.og, g.cg, r.clone(), dst, c, false);
                 }
             }
         });
@@ -338,13 +360,13 @@ fn input_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, gy: &[C], wmat: &[C]) -
             for t in 0..per_image.div_ceil(tile) {
                 let r = tile_range(t, tile, per_image);
                 let r = first + r.start..first + r.end;
-                for grp in 0..g.p.groups {
+                for (grp, wt) in wt.iter().enumerate() {
                     let a = Mat {
                         data: gy,
                         offset: grp * g.og,
                         strides: [o, 1],
                     };
-                    gemm_rows(a, wt(grp), g.og, k, r.clone(), &mut cols, k, false);
+                    wt.gemm_rows(a, g.og, k, r.clone(), &mut cols, k, false);
                     g.col2im_at(&cols, grp, r.clone(), dx, base);
                 }
             }
@@ -408,6 +430,11 @@ fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> 
             return C::from_f32s(implicit::weight_grad(arena, g, x, gy));
         }
     }
+    // Deep 1×1 layers (many channels, few pixels): one GEMM over all pixels beats per-tile
+    // partials, each a pass over the whole [channels, outputs] accumulator.
+    if g.pointwise() && 2 * g.cg >= g.pixels() {
+        return pointwise_weight_grad(g, x, gy);
+    }
     let (rows, k, o) = (g.pixels(), g.k(), g.o);
     let tile = g.tile_rows::<C>();
     let count = rows.div_ceil(tile);
@@ -456,4 +483,39 @@ fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> 
     }
     partials.truncate(k * o);
     partials
+}
+
+/// A 1×1 convolution's weight gradient, per group `dW[cg, og] = xᵀ[cg, pixels] · gy[pixels,
+/// og]` as one GEMM over every pixel: gy is packed once and threads split the input channels,
+/// so each output element is written once (no per-tile partials to add up). For few pixels:
+/// the packed gy is then small.
+fn pointwise_weight_grad<C: Real>(g: &Geom, x: &[C], gy: &[C]) -> Vec<C> {
+    let (rows, o) = (g.pixels(), g.o);
+    let mut dw = overwritten::<C>(g.cg * o);
+    let out = Disjoint::new(&mut dw);
+    for grp in 0..g.p.groups {
+        let b = Mat {
+            data: gy,
+            offset: grp * g.og,
+            strides: [o, 1],
+        };
+        let b = SharedB::new(b, rows, g.og);
+        let parts = parallel::parts_for(g.cg, 16);
+        parallel::for_parts(g.cg, parts, |_, channels| {
+            if channels.is_empty() {
+                return;
+            }
+            let a = Mat {
+                data: x,
+                offset: grp * g.cg,
+                strides: [1, g.c],
+            };
+            let start = channels.start * o + grp * g.og;
+            let end = (channels.end - 1) * o + grp * g.og + g.og;
+            // SAFETY: the rows `channels` of this group's block: disjoint across parts.
+            let dst = unsafe { out.slice(start..end) };
+            b.gemm_rows(a, rows, g.og, channels, dst, o, false);
+        });
+    }
+    dw
 }

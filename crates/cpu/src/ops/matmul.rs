@@ -9,6 +9,7 @@ use redline_tensor::Layout;
 
 use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Real};
 use crate::parallel::{self, Disjoint};
+use crate::sgemm;
 
 /// Rows per task below which a GEMM is not split further.
 const MIN_ROWS: usize = 64;
@@ -82,6 +83,79 @@ pub(crate) fn gemm_rows<C: Real>(
             c.as_mut_ptr(),
             [ldc as isize, 1],
         )
+    }
+}
+
+/// A GEMM's B operand shared by many calls (a convolution's weights across row tiles and
+/// threads): packed once for the AVX-512 f32 kernel when it runs, else read as it is.
+pub(crate) enum SharedB<'a, C> {
+    Plain(Mat<'a, C>),
+    Packed(sgemm::PackedBlocks),
+}
+
+impl<'a, C: Real> SharedB<'a, C> {
+    /// `b` as a `[k, n]` matrix. Panics if it does not cover it.
+    pub fn new(b: Mat<'a, C>, k: usize, n: usize) -> Self {
+        let last =
+            b.offset + k.saturating_sub(1) * b.strides[0] + n.saturating_sub(1) * b.strides[1];
+        assert!(
+            k == 0 || n == 0 || last < b.data.len(),
+            "gemm: b out of bounds"
+        );
+        match C::as_f32(b.data) {
+            Some(data) if sgemm::available() && k > 0 && n > 0 => {
+                // SAFETY: bounds checked above.
+                let ptr = unsafe { data.as_ptr().add(b.offset) };
+                Self::Packed(unsafe { sgemm::PackedBlocks::new(ptr, b.istrides(), k, n) })
+            }
+            _ => Self::Plain(b),
+        }
+    }
+
+    /// [`gemm_rows`] with this B (`[k, n]` as given to [`SharedB::new`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_rows(
+        &self,
+        a: Mat<'_, C>,
+        k: usize,
+        n: usize,
+        rows: std::ops::Range<usize>,
+        c: &mut [C],
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        let packed = match self {
+            SharedB::Plain(b) => return gemm_rows(a, *b, k, n, rows, c, ldc, accumulate),
+            SharedB::Packed(p) => p,
+        };
+        assert!(
+            packed.k() == k && packed.n() == n,
+            "gemm: B is [{}, {}]",
+            packed.k(),
+            packed.n()
+        );
+        let m = rows.len();
+        if m == 0 {
+            return;
+        }
+        let last = a.offset + (rows.end - 1) * a.strides[0] + k.saturating_sub(1) * a.strides[1];
+        assert!(k == 0 || last < a.data.len(), "gemm: a out of bounds");
+        assert!((m - 1) * ldc + n <= c.len(), "gemm: c out of bounds");
+        // Packed exists only when C is f32 (`new`): the pointers are f32 pointers.
+        let a_ptr = a.data[a.offset + rows.start * a.strides[0]..].as_ptr() as *const f32;
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        // SAFETY: bounds checked above; `c` is a distinct mutable slice.
+        unsafe {
+            sgemm::sgemm_packed(
+                m,
+                a_ptr,
+                a.istrides(),
+                packed,
+                beta,
+                c.as_mut_ptr() as *mut f32,
+                [ldc as isize, 1],
+            )
+        }
     }
 }
 

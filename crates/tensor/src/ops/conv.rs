@@ -58,25 +58,32 @@ impl Tensor {
             .conv2d(self.view(), weight.view(), &p, &out)?;
         let y = Tensor::from_storage(storage, out, self.device().clone());
         let (x, w) = (self.detach(), weight.detach());
+        // Only the gradients someone needs: the first layer's input (the data) needs none, and
+        // its input gradient would be the costliest of the network's (3 channels, full size).
+        let (need_x, need_w) = (self.requires_grad(), weight.requires_grad());
         let y = y.record("conv2d", &[self, weight], move |g| {
-            x.device().check(Op::Nn(NnOp::Conv2dInputGrad), x.dtype())?;
-            x.device()
-                .check(Op::Nn(NnOp::Conv2dWeightGrad), x.dtype())?;
-            let gx_layout = x.layout().output_like();
-            let gx = x
-                .backend()
-                .conv2d_input_grad(g.view(), w.view(), &p, &gx_layout)?;
-            let gw = x
-                .backend()
-                .conv2d_weight_grad(x.view(), g.view(), &p, w.shape())?;
-            Ok(vec![
-                Some(Tensor::from_storage(gx, gx_layout, x.device().clone())),
-                Some(Tensor::from_storage(
-                    gw,
-                    Layout::contiguous(w.shape()),
-                    x.device().clone(),
-                )),
-            ])
+            let gx = if need_x {
+                x.device().check(Op::Nn(NnOp::Conv2dInputGrad), x.dtype())?;
+                let gx_layout = x.layout().output_like();
+                let gx = x
+                    .backend()
+                    .conv2d_input_grad(g.view(), w.view(), &p, &gx_layout)?;
+                Some(Tensor::from_storage(gx, gx_layout, x.device().clone()))
+            } else {
+                None
+            };
+            let gw = if need_w {
+                x.device()
+                    .check(Op::Nn(NnOp::Conv2dWeightGrad), x.dtype())?;
+                let gw = x
+                    .backend()
+                    .conv2d_weight_grad(x.view(), g.view(), &p, w.shape())?;
+                let layout = Layout::contiguous(w.shape());
+                Some(Tensor::from_storage(gw, layout, x.device().clone()))
+            } else {
+                None
+            };
+            Ok(vec![gx, gw])
         });
         match bias {
             None => Ok(y),
