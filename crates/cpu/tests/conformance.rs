@@ -147,8 +147,13 @@ fn a_convolution_computes_only_the_gradients_that_are_needed() {
             ..Default::default()
         };
         let y = x.conv2d(&w, None, p)?;
-        y.mul(&tensor(y.shape(), 3, dev))?.sum(&[], false)?.backward()?;
-        assert!(x.grad().is_none(), "no gradient for an input that does not require one");
+        y.mul(&tensor(y.shape(), 3, dev))?
+            .sum(&[], false)?
+            .backward()?;
+        assert!(
+            x.grad().is_none(),
+            "no gradient for an input that does not require one"
+        );
         Ok(vec![w.grad().expect("the weight's gradient")])
     });
 }

@@ -24,6 +24,12 @@ pub trait Module: Send + Sync {
     /// Training mode (batch statistics, running-stat updates) or evaluation mode.
     fn set_training(&self, _training: bool) {}
 
+    /// Called after new values were written into the named tensors (a checkpoint or state
+    /// dict was loaded): refreshes whatever the module mirrors on the host.
+    fn state_loaded(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// The output shape of a forward on an input of `shape`, and its multiply-accumulates
     /// (convolutions and linear layers; normalisation, activations and pooling count none, as
     /// the usual "GMACs per image" figures do).

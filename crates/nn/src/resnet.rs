@@ -116,6 +116,15 @@ impl Module for Block {
         }
     }
 
+    fn state_loaded(&self) -> Result<()> {
+        for (_, bn) in &self.convs {
+            bn.state_loaded()?;
+        }
+        self.downsample
+            .as_ref()
+            .map_or(Ok(()), |d| d.state_loaded())
+    }
+
     fn shape_and_macs(&self, shape: &[usize]) -> Result<(Vec<usize>, u64)> {
         let (y, mut macs) = chain(shape, self.convs.iter().map(|(c, _)| c as &dyn Module))?;
         if let Some(d) = &self.downsample {
@@ -222,6 +231,12 @@ impl Module for ResNet {
         for stage in &self.stages {
             stage.set_training(training);
         }
+    }
+
+    fn state_loaded(&self) -> Result<()> {
+        self.stem.state_loaded()?;
+        self.stages.iter().try_for_each(|s| s.state_loaded())?;
+        self.head.state_loaded()
     }
 
     fn shape_and_macs(&self, shape: &[usize]) -> Result<(Vec<usize>, u64)> {

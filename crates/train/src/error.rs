@@ -11,6 +11,9 @@ pub enum TrainError {
     /// A setting that cannot work (named, with the value given).
     #[error("training configuration: {0}")]
     Config(String),
+    /// A checkpoint that cannot be written or does not fit (path and reason).
+    #[error("checkpoint {0}")]
+    Checkpoint(String),
     #[error("the loader ended before the step (an empty epoch?)")]
     NoData,
 }

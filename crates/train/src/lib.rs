@@ -2,6 +2,7 @@
 //! backward, optimizer) with autocast and GradScaler when the precision asks for them;
 //! evaluation with top-1/top-5; the per-step report as JSON, an SVG and a Chrome trace.
 
+pub mod checkpoint;
 mod error;
 mod metrics;
 mod precision;

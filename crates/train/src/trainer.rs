@@ -1,10 +1,13 @@
 //! The training step and the evaluation pass.
 
 use redline_amp::{autocast, for_f32, GradScaler};
-use redline_loader::{Batch, LoaderError};
-use redline_nn::{clip_grad_norm, zero_grad, Module, Optimizer, Schedule};
+use std::path::Path;
+
+use redline_loader::{Batch, LoaderError, Position};
+use redline_nn::{clip_grad_norm, state_dict, zero_grad, Module, Optimizer, Schedule};
 use redline_tensor::{no_grad, DType, Device, HostBytes, Tensor};
 
+use crate::checkpoint::{self, Progress};
 use crate::metrics::{top_k_correct, Evaluation};
 use crate::precision::Precision;
 use crate::timing::{Phase, PhaseClock, StepTimes};
@@ -44,6 +47,8 @@ pub struct Trainer {
     device: Device,
     params: Vec<Tensor>,
     steps: usize,
+    /// Where the next training batch starts (after the last one `train_step` took).
+    position: Position,
 }
 
 impl Trainer {
@@ -76,7 +81,74 @@ impl Trainer {
             device,
             params,
             steps: 0,
+            position: Position::default(),
         })
+    }
+
+    /// Replaces the GradScaler (another initial scale or growth schedule); fp16 only.
+    pub fn with_scaler(mut self, scaler: GradScaler) -> Result<Self> {
+        if !self.config.precision.needs_scaler() {
+            return Err(TrainError::Config(format!(
+                "a GradScaler is for fp16, not {}",
+                self.config.precision
+            )));
+        }
+        self.scaler = Some(scaler);
+        Ok(self)
+    }
+
+    /// Where the next training batch starts: give it to `Loader::new` when resuming.
+    pub fn position(&self) -> Position {
+        self.position
+    }
+
+    /// Every tensor a checkpoint holds: the state dict (torchvision names), then
+    /// `optimizer.*` and `scaler.*`.
+    pub fn checkpoint_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut all: Vec<(String, Tensor)> = state_dict(self.model.as_ref())
+            .into_iter()
+            .map(|(name, t, _)| (name, t))
+            .collect();
+        all.extend(
+            self.optimizer
+                .state()
+                .into_iter()
+                .map(|(name, t)| (format!("optimizer.{name}"), t)),
+        );
+        if let Some(s) = &self.scaler {
+            all.extend(
+                s.state()
+                    .into_iter()
+                    .map(|(name, t)| (format!("scaler.{name}"), t.clone())),
+            );
+        }
+        all
+    }
+
+    /// Saves weights, optimizer and scaler state, the step count and the loader position
+    /// (atomically: see [`checkpoint`]).
+    pub fn save(&self, path: &Path, seed: u64) -> Result<()> {
+        let progress = Progress {
+            step: self.steps as u64,
+            epoch: self.position.epoch,
+            index: self.position.index as u64,
+            seed,
+        };
+        checkpoint::save(path, &self.checkpoint_tensors(), progress)
+    }
+
+    /// Restores what [`Trainer::save`] wrote into this trainer (same model, optimizer and
+    /// precision); returns the saved progress (the loader position to resume from is also
+    /// [`Trainer::position`] afterwards).
+    pub fn load(&mut self, path: &Path) -> Result<Progress> {
+        let progress = checkpoint::load(path, &self.checkpoint_tensors())?;
+        self.model.state_loaded()?;
+        self.steps = progress.step as usize;
+        self.position = Position {
+            epoch: progress.epoch,
+            index: progress.index as usize,
+        };
+        Ok(progress)
     }
 
     pub fn model(&self) -> &dyn Module {
@@ -175,6 +247,10 @@ impl Trainer {
         let mut clock = PhaseClock::start(&device);
         let batch = batches.next().ok_or(TrainError::NoData)??;
         let images = batch.len;
+        self.position = Position {
+            epoch: batch.position.epoch,
+            index: batch.position.index + batch.len,
+        };
         clock.lap(Phase::DataWait)?;
         let (x, y) = self.upload(batch)?;
         clock.lap(Phase::HostToDevice)?;

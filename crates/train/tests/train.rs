@@ -174,3 +174,148 @@ fn a_full_fp16_step_with_an_inf_gradient_changes_nothing_but_the_scale() {
         );
     }
 }
+
+/// An fp16 trainer whose first steps overflow (scale 2^20: the logits' gradient alone exceeds
+/// f16's range), so runs contain skipped steps.
+fn overflowing_trainer(device: &Device, total: usize) -> Trainer {
+    let model = small_cnn(device);
+    let adamw = AdamW::new(decay_groups(&model, 0.05), 0.9, 0.999, 1e-8).unwrap();
+    let config = TrainConfig {
+        precision: Precision::Fp16,
+        label_smoothing: 0.1,
+        clip_norm: None,
+        base_lr: 2e-3,
+        schedule: Schedule::one_cycle(total),
+    };
+    let scaler = redline_amp::GradScaler::with(
+        device,
+        DType::F32,
+        (1u64 << 20) as f64,
+        redline_tensor::ScalerParams {
+            growth_interval: 3,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    Trainer::new(Box::new(model), Box::new(adamw), config, device.clone())
+        .unwrap()
+        .with_scaler(scaler)
+        .unwrap()
+}
+
+fn resumable_loader(set: &Arc<ShardSet>, at: redline_loader::Position) -> Loader {
+    Loader::new(set.clone(), Config::new(8, RES, true), at).expect("loader")
+}
+
+#[test]
+fn resuming_mid_epoch_after_skipped_steps_equals_the_uninterrupted_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 48); // 6 batches of 8 an epoch
+    let device = CpuBackend::device();
+    let total = 10;
+
+    let mut straight = overflowing_trainer(&device, total);
+    let mut batches = resumable_loader(&train, Default::default());
+    let losses: Vec<f64> = (0..total)
+        .map(|_| {
+            straight
+                .train_step(&mut batches)
+                .unwrap()
+                .loss
+                .item()
+                .unwrap()
+        })
+        .collect();
+
+    let ckpt = dir.path().join("ckpt/step4.safetensors");
+    let mut first = overflowing_trainer(&device, total);
+    let mut batches = resumable_loader(&train, Default::default());
+    for _ in 0..4 {
+        first.train_step(&mut batches).unwrap();
+    }
+    let scale = first.scaler().unwrap().state()[0].1.item().unwrap();
+    assert!(
+        scale < (1u64 << 20) as f64,
+        "a step was skipped before the checkpoint"
+    );
+    first.save(&ckpt, 0).unwrap();
+    assert!(
+        !ckpt.with_extension("safetensors.tmp").exists(),
+        "no temporary file left"
+    );
+    drop((first, batches));
+
+    let mut resumed = overflowing_trainer(&device, total);
+    let progress = resumed.load(&ckpt).unwrap();
+    assert_eq!((progress.step, progress.epoch, progress.index), (4, 0, 32));
+    let mut batches = resumable_loader(&train, resumed.position());
+    let rest: Vec<f64> = (4..total)
+        .map(|_| {
+            resumed
+                .train_step(&mut batches)
+                .unwrap()
+                .loss
+                .item()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        rest,
+        losses[4..],
+        "the same losses after resuming (epoch boundary included)"
+    );
+    // Weights, batch-norm buffers, AdamW moments and steps, scaler: bit for bit.
+    let (got, want) = (
+        bits(resumed.checkpoint_tensors()),
+        bits(straight.checkpoint_tensors()),
+    );
+    assert_eq!(got.len(), want.len());
+    for ((name, a), (other, b)) in got.iter().zip(&want) {
+        assert_eq!(name, other);
+        let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
+        assert_eq!(differ, 0, "{name}: {differ} of {} values differ", a.len());
+    }
+}
+
+#[test]
+fn a_checkpoint_of_another_model_or_a_damaged_file_is_refused_naming_what() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = CpuBackend::device();
+    let trainer = overflowing_trainer(&device, 1);
+    let path = dir.path().join("a.safetensors");
+    trainer.save(&path, 7).unwrap();
+
+    // Another model: a wider classifier.
+    let mut init = Init::new(3, &device, DType::F32);
+    let other = Sequential::new().push(Linear::new(&mut init, 32, CLASSES + 1).unwrap());
+    let adamw = AdamW::new(decay_groups(&other, 0.0), 0.9, 0.999, 1e-8).unwrap();
+    let config = TrainConfig {
+        precision: Precision::Fp32,
+        label_smoothing: 0.0,
+        clip_norm: None,
+        base_lr: 1e-3,
+        schedule: Schedule::Constant,
+    };
+    let mut wrong = Trainer::new(Box::new(other), Box::new(adamw), config, device).unwrap();
+    let err = wrong.load(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("a.safetensors") && err.contains("0.weight"),
+        "{err}"
+    );
+
+    let mut again = overflowing_trainer(&CpuBackend::device(), 1);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.truncate(bytes.len() - 4);
+    let cut = dir.path().join("cut.safetensors");
+    std::fs::write(&cut, &bytes).unwrap();
+    let err = again.load(&cut).unwrap_err().to_string();
+    assert!(
+        err.contains("cut.safetensors") && err.contains("data offsets"),
+        "{err}"
+    );
+    std::fs::write(&cut, b"nonsense").unwrap();
+    let err = again.load(&cut).unwrap_err().to_string();
+    assert!(err.contains("cut.safetensors"), "{err}");
+    // The refused loads wrote nothing: the trainer still loads the good file.
+    assert_eq!(again.load(&path).unwrap().seed, 7);
+}

@@ -87,6 +87,12 @@ impl Module for BatchNorm2d {
         self.training.store(training, Ordering::Relaxed);
     }
 
+    fn state_loaded(&self) -> Result<()> {
+        let count = self.num_batches_tracked.item()? as i64;
+        self.batches.store(count, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn shape_and_macs(&self, shape: &[usize]) -> Result<(Vec<usize>, u64)> {
         Ok((shape.to_vec(), 0))
     }

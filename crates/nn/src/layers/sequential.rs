@@ -57,6 +57,10 @@ impl Module for Sequential {
         }
     }
 
+    fn state_loaded(&self) -> Result<()> {
+        self.children.iter().try_for_each(|(_, m)| m.state_loaded())
+    }
+
     fn shape_and_macs(&self, shape: &[usize]) -> Result<(Vec<usize>, u64)> {
         chain(shape, self.children.iter().map(|(_, m)| m.as_ref()))
     }
