@@ -174,48 +174,15 @@ fn synthetic(work: &Path) -> Result<PathBuf> {
     Ok(train)
 }
 
-/// `path` as a training shard set: itself, its `train/`, or an ImageFolder tree converted once
-/// (cached under `work`, keyed by the tree's path).
+/// `path` as a training shard set: itself, or the `train/` of what [`crate::data::shards`]
+/// makes of it.
 fn shard_set(path: &Path, work: &Path) -> Result<PathBuf> {
-    if path.join("manifest.json").exists() {
-        return Ok(path.to_path_buf());
-    }
-    if path.join("train/manifest.json").exists() {
-        return Ok(path.join("train"));
-    }
-    if !path.is_dir() {
-        bail!("--data {}: not a directory", path.display());
-    }
-    let abs = fs::canonicalize(path).with_context(|| format!("--data {}", path.display()))?;
-    let key: String = abs
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let out = work.join(format!("folder{key}"));
-    let train = if path.join("train").is_dir() {
-        out.join("train")
+    let shards = crate::data::shards(path, work)?;
+    Ok(if shards.join("manifest.json").exists() {
+        shards
     } else {
-        out.clone()
-    };
-    if !train.join("manifest.json").exists() {
-        eprintln!(
-            "converting the ImageFolder tree {} to shards once",
-            abs.display()
-        );
-        let _ = fs::remove_dir_all(&out);
-        let mut build = run::data_tool_command(Profile::Release);
-        build
-            .args(["build", "--from-folder"])
-            .arg(&abs)
-            .arg("--out")
-            .arg(&out);
-        run::check(&mut build)?;
-    }
-    if !train.join("manifest.json").exists() {
-        bail!("--data {}: no shard set after conversion", path.display());
-    }
-    Ok(train)
+        shards.join("train")
+    })
 }
 
 fn print_table(r: &Value) {

@@ -4,9 +4,11 @@
 //! builds in seconds and never drags heavy dependencies into the build.
 
 mod bench;
+mod data;
 mod imagenet;
 mod run;
 mod test;
+mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -37,6 +39,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// Train a ResNet with evaluation and checkpoints every epoch (`--data` required).
+    Train(train::TrainArgs),
 }
 
 fn main() -> Result<()> {
@@ -44,5 +48,6 @@ fn main() -> Result<()> {
         Command::Test(args) => test::run(args),
         Command::Shards { args } => run::data_tool(&args, run::Profile::Release),
         Command::Bench(bench) => bench::run(bench),
+        Command::Train(args) => train::run(args),
     }
 }

@@ -143,6 +143,7 @@ impl Trainer {
     pub fn load(&mut self, path: &Path) -> Result<Progress> {
         let progress = checkpoint::load(path, &self.checkpoint_tensors())?;
         self.model.state_loaded()?;
+        self.optimizer.state_loaded(progress.step);
         self.steps = progress.step as usize;
         self.position = Position {
             epoch: progress.epoch,

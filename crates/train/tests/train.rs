@@ -177,9 +177,13 @@ fn a_full_fp16_step_with_an_inf_gradient_changes_nothing_but_the_scale() {
 
 /// An fp16 trainer whose first steps overflow (scale 2^20: the logits' gradient alone exceeds
 /// f16's range), so runs contain skipped steps.
-fn overflowing_trainer(device: &Device, total: usize) -> Trainer {
+fn overflowing_trainer(device: &Device, total: usize, sgd: bool) -> Trainer {
     let model = small_cnn(device);
-    let adamw = AdamW::new(decay_groups(&model, 0.05), 0.9, 0.999, 1e-8).unwrap();
+    let optimizer: Box<dyn redline_nn::Optimizer> = if sgd {
+        Box::new(Sgd::new(decay_groups(&model, 5e-4), 0.9, 0.0, true).unwrap())
+    } else {
+        Box::new(AdamW::new(decay_groups(&model, 0.05), 0.9, 0.999, 1e-8).unwrap())
+    };
     let config = TrainConfig {
         precision: Precision::Fp16,
         label_smoothing: 0.1,
@@ -197,7 +201,7 @@ fn overflowing_trainer(device: &Device, total: usize) -> Trainer {
         },
     )
     .unwrap();
-    Trainer::new(Box::new(model), Box::new(adamw), config, device.clone())
+    Trainer::new(Box::new(model), optimizer, config, device.clone())
         .unwrap()
         .with_scaler(scaler)
         .unwrap()
@@ -209,12 +213,20 @@ fn resumable_loader(set: &Arc<ShardSet>, at: redline_loader::Position) -> Loader
 
 #[test]
 fn resuming_mid_epoch_after_skipped_steps_equals_the_uninterrupted_run_bit_for_bit() {
+    // AdamW (device step counts) and SGD with Nesterov momentum (whose "buffers filled" flag
+    // lives on the host).
+    for sgd in [false, true] {
+        resume_case(sgd);
+    }
+}
+
+fn resume_case(sgd: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = synth(dir.path(), 48); // 6 batches of 8 an epoch
     let device = CpuBackend::device();
-    let total = 10;
+    let total = 12;
 
-    let mut straight = overflowing_trainer(&device, total);
+    let mut straight = overflowing_trainer(&device, total, sgd);
     let mut batches = resumable_loader(&train, Default::default());
     let losses: Vec<f64> = (0..total)
         .map(|_| {
@@ -227,16 +239,25 @@ fn resuming_mid_epoch_after_skipped_steps_equals_the_uninterrupted_run_bit_for_b
         })
         .collect();
 
-    let ckpt = dir.path().join("ckpt/step4.safetensors");
-    let mut first = overflowing_trainer(&device, total);
+    let ckpt = dir.path().join("ckpt/step7.safetensors");
+    let mut first = overflowing_trainer(&device, total, sgd);
     let mut batches = resumable_loader(&train, Default::default());
-    for _ in 0..4 {
+    for _ in 0..7 {
         first.train_step(&mut batches).unwrap();
     }
     let scale = first.scaler().unwrap().state()[0].1.item().unwrap();
     assert!(
         scale < (1u64 << 20) as f64,
         "a step was skipped before the checkpoint"
+    );
+    let moved = first
+        .optimizer()
+        .state()
+        .iter()
+        .any(|(_, t)| t.to_f64_vec().unwrap().iter().any(|&v| v != 0.0));
+    assert!(
+        moved,
+        "and a step was applied (the optimizer has state to restore)"
     );
     first.save(&ckpt, 0).unwrap();
     assert!(
@@ -245,11 +266,11 @@ fn resuming_mid_epoch_after_skipped_steps_equals_the_uninterrupted_run_bit_for_b
     );
     drop((first, batches));
 
-    let mut resumed = overflowing_trainer(&device, total);
+    let mut resumed = overflowing_trainer(&device, total, sgd);
     let progress = resumed.load(&ckpt).unwrap();
-    assert_eq!((progress.step, progress.epoch, progress.index), (4, 0, 32));
+    assert_eq!((progress.step, progress.epoch, progress.index), (7, 1, 8));
     let mut batches = resumable_loader(&train, resumed.position());
-    let rest: Vec<f64> = (4..total)
+    let rest: Vec<f64> = (7..total)
         .map(|_| {
             resumed
                 .train_step(&mut batches)
@@ -259,11 +280,7 @@ fn resuming_mid_epoch_after_skipped_steps_equals_the_uninterrupted_run_bit_for_b
                 .unwrap()
         })
         .collect();
-    assert_eq!(
-        rest,
-        losses[4..],
-        "the same losses after resuming (epoch boundary included)"
-    );
+    assert_eq!(rest, losses[7..], "the same losses after resuming");
     // Weights, batch-norm buffers, AdamW moments and steps, scaler: bit for bit.
     let (got, want) = (
         bits(resumed.checkpoint_tensors()),
@@ -273,7 +290,12 @@ fn resuming_mid_epoch_after_skipped_steps_equals_the_uninterrupted_run_bit_for_b
     for ((name, a), (other, b)) in got.iter().zip(&want) {
         assert_eq!(name, other);
         let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
-        assert_eq!(differ, 0, "{name}: {differ} of {} values differ", a.len());
+        assert_eq!(
+            differ,
+            0,
+            "sgd {sgd}: {name}: {differ} of {} values differ",
+            a.len()
+        );
     }
 }
 
@@ -281,7 +303,7 @@ fn resuming_mid_epoch_after_skipped_steps_equals_the_uninterrupted_run_bit_for_b
 fn a_checkpoint_of_another_model_or_a_damaged_file_is_refused_naming_what() {
     let dir = tempfile::tempdir().unwrap();
     let device = CpuBackend::device();
-    let trainer = overflowing_trainer(&device, 1);
+    let trainer = overflowing_trainer(&device, 1, false);
     let path = dir.path().join("a.safetensors");
     trainer.save(&path, 7).unwrap();
 
@@ -303,7 +325,7 @@ fn a_checkpoint_of_another_model_or_a_damaged_file_is_refused_naming_what() {
         "{err}"
     );
 
-    let mut again = overflowing_trainer(&CpuBackend::device(), 1);
+    let mut again = overflowing_trainer(&CpuBackend::device(), 1, false);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.truncate(bytes.len() - 4);
     let cut = dir.path().join("cut.safetensors");

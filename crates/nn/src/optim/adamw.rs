@@ -71,6 +71,9 @@ impl AdamW {
         Ok(())
     }
 
+    /// Nothing to restore: the step counts are device state, in `state()`.
+    pub fn state_loaded(&mut self, _steps_taken: u64) {}
+
     /// Moments and step counts, named by group and index (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();

@@ -30,6 +30,9 @@ pub trait Optimizer: Send {
     fn groups(&self) -> &[ParamGroup];
     /// Named state tensors (moments, step counts), for checkpoints and tests.
     fn state(&self) -> Vec<(String, Tensor)>;
+    /// After `state()`'s tensors were loaded from a checkpoint taken after `steps_taken`
+    /// issued steps: restores what the optimizer keeps on the host.
+    fn state_loaded(&mut self, steps_taken: u64);
 }
 
 macro_rules! optimizer {
@@ -43,6 +46,9 @@ macro_rules! optimizer {
             }
             fn state(&self) -> Vec<(String, Tensor)> {
                 <$t>::state(self)
+            }
+            fn state_loaded(&mut self, steps_taken: u64) {
+                <$t>::state_loaded(self, steps_taken)
             }
         }
     )*};

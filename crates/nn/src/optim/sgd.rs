@@ -71,6 +71,11 @@ impl Sgd {
         Ok(())
     }
 
+    /// Whether the momentum buffers are filled is host state: restored from the step count.
+    pub fn state_loaded(&mut self, steps_taken: u64) {
+        self.started = steps_taken > 0;
+    }
+
     /// The momentum buffers, named `group.index` (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
         super::named_buffers("momentum_buffer", &self.buffers)

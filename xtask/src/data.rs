@@ -1,0 +1,47 @@
+//! `--data PATH` for the commands that train: shards as they are, or an ImageFolder tree
+//! converted to shards once (cached, keyed by the tree's path).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::run::{self, Profile};
+
+/// `path` if it is a shard set or holds `train/` as one; else `path` as an ImageFolder tree
+/// (`<class>/<image>`, or `train/` + `val/` of those) converted under `work` on first use.
+/// Returns the set, or the folder holding `train/` (and `val/`).
+pub fn shards(path: &Path, work: &Path) -> Result<PathBuf> {
+    let is_set = |p: &Path| p.join("manifest.json").exists();
+    if is_set(path) || is_set(&path.join("train")) {
+        return Ok(path.to_path_buf());
+    }
+    if !path.is_dir() {
+        bail!("--data {}: not a directory", path.display());
+    }
+    let abs = fs::canonicalize(path).with_context(|| format!("--data {}", path.display()))?;
+    let key: String = abs
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let out = work.join(format!("folder{key}"));
+    if !is_set(&out) && !is_set(&out.join("train")) {
+        eprintln!(
+            "converting the ImageFolder tree {} to shards once",
+            abs.display()
+        );
+        let _ = fs::remove_dir_all(&out);
+        let mut build = run::data_tool_command(Profile::Release);
+        build
+            .args(["build", "--from-folder"])
+            .arg(&abs)
+            .arg("--out")
+            .arg(&out);
+        run::check(&mut build)?;
+    }
+    if !is_set(&out) && !is_set(&out.join("train")) {
+        bail!("--data {}: no shard set after conversion", path.display());
+    }
+    Ok(out)
+}
