@@ -401,27 +401,23 @@ unsafe fn pack_taps(
     for ip in 0..k.div_ceil(MR) {
         let r0 = ip * MR;
         let panel = &mut pa[ip * MR * kc..(ip + 1) * MR * kc];
-        let (t, s) = (r0 / run, r0 % run);
-        if r0 + MR <= k && s + MR <= run {
+        if r0 + MR <= k && r0 % run + MR <= run {
             // Inside one tap: the kernel reads it in place.
             continue;
-        } else {
-            // Across a tap boundary (or past the last row): the rows of tap t from channel s,
-            // then those of tap t + 1 from channel 0, then zeros.
-            let first = (run - s).min(MR).min(k - r0);
-            let second = (MR - first).min(k - r0 - first);
-            for p in 0..kc {
-                let dst = &mut panel[p * MR..(p + 1) * MR];
-                let column = (q0 + p) * lda;
-                for (i, d) in dst[..first].iter_mut().enumerate() {
-                    // SAFETY: tap t, channel s + i, column q0 + p (the caller's contract).
-                    *d = unsafe { *a.add(column + taps[t] + s + i) };
-                }
-                for (i, d) in dst[first..first + second].iter_mut().enumerate() {
-                    // SAFETY: tap t + 1, channel i (exists: second > 0 only when t + 1 does).
-                    *d = unsafe { *a.add(column + taps[t + 1] + i) };
-                }
-                dst[first + second..].fill(0.0);
+        }
+        // Across tap boundaries (or past the last row): each of the 12 rows is (tap, channel)
+        // for its own index — with fewer than 6 channels a panel spans three taps or more —
+        // and rows past k are zeros.
+        let offsets: [Option<usize>; MR] = std::array::from_fn(|i| {
+            let r = r0 + i;
+            (r < k).then(|| taps[r / run] + r % run)
+        });
+        for p in 0..kc {
+            let column = (q0 + p) * lda;
+            for (d, off) in panel[p * MR..(p + 1) * MR].iter_mut().zip(&offsets) {
+                // SAFETY: tap and channel of a row below k, column q0 + p (the caller's
+                // contract).
+                *d = off.map_or(0.0, |off| unsafe { *a.add(column + off) });
             }
         }
     }

@@ -136,6 +136,19 @@ fn convolutions_over_several_tiles_and_threads() {
 }
 
 #[test]
+fn stride_one_convolutions_with_few_channels() {
+    // The implicit-GEMM weight gradient packs 12 (tap, channel) rows a panel: with fewer than
+    // 6 channels a panel spans three taps or more (this was wrong for 1, 2, 3 and 5).
+    let p = Conv2dParams {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    for c in [1, 2, 3, 5, 6, 7] {
+        conv_case([2, c, 8, 8], [5, c, 3, 3], p, c % 2 == 0);
+    }
+}
+
+#[test]
 fn a_convolution_computes_only_the_gradients_that_are_needed() {
     // The stem: its input (the data) needs no gradient; the weight's must still be right.
     agree("stem weight gradient without an input gradient", |dev| {

@@ -48,10 +48,14 @@ impl Init {
             .collect()
     }
 
+    /// Rounded to the dtype on the host, so devices without f64 (most GPUs) get their own
+    /// dtype's bytes — and every device the same values.
     fn parameter(&self, values: &[f64], shape: &[usize]) -> Result<Tensor> {
-        Ok(Tensor::from_slice(values, shape, &self.device)?
-            .cast(self.dtype)?
-            .with_requires_grad(true))
+        let mut bytes = vec![0u8; values.len() * self.dtype.size()];
+        for (i, &v) in values.iter().enumerate() {
+            self.dtype.write(&mut bytes, i, v);
+        }
+        Ok(Tensor::from_bytes(bytes, self.dtype, shape, &self.device)?.with_requires_grad(true))
     }
 
     /// Normal(0, std²) by Box–Muller on pairs of uniforms (`1 - u` keeps the log finite).

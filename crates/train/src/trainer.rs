@@ -30,6 +30,16 @@ pub struct TrainConfig {
     pub schedule: Schedule,
 }
 
+/// A batch on the device.
+pub struct Inputs {
+    /// Normalised images, `[N, 3, H, W]` (channels-last) in the compute dtype.
+    pub x: Tensor,
+    /// i64 class labels `[N]`.
+    pub y: Tensor,
+    /// `Some(-1)` when the loader skipped a sample (its label is -1): left out of the loss.
+    pub ignore_index: Option<i64>,
+}
+
 /// What one training step did. `loss` stays on the device: reading it waits for the step.
 pub struct Step {
     pub times: StepTimes,
@@ -182,7 +192,7 @@ impl Trainer {
     /// A loader batch on the device: the normalised input (the input op, in the compute dtype)
     /// and the i64 labels. The pooled buffer goes with the upload and returns to the loader's
     /// pool when the copy is done.
-    pub fn upload(&self, batch: Batch) -> Result<(Tensor, Tensor)> {
+    pub fn upload(&self, batch: Batch) -> Result<Inputs> {
         let (n, res) = (batch.len, batch.res);
         let labels: Vec<i64> = batch.labels().collect();
         let pixels = n * res * res * 3;
@@ -191,7 +201,10 @@ impl Trainer {
         let dtype = self.config.precision.autocast().unwrap_or(DType::F32);
         let x = Tensor::normalize_input(&images, &IMAGENET_MEAN, &IMAGENET_STD, dtype)?;
         let y = Tensor::from_slice(&labels, &[n], &self.device)?;
-        Ok((x, y))
+        // Known on the host: most batches skip nothing, and then the loss needs no mask (which
+        // costs an i64 comparison that not every device has).
+        let ignore_index = labels.iter().any(|&l| l < 0).then_some(-1);
+        Ok(Inputs { x, y, ignore_index })
     }
 
     /// The logits (in f32) under the precision's autocast scope.
@@ -205,9 +218,10 @@ impl Trainer {
 
     /// Forward and the (label-smoothed) training loss; samples labelled -1 (skipped by the
     /// loader) are left out.
-    pub fn forward(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
-        let logits = self.logits(x)?;
-        Ok(logits.cross_entropy(y, self.config.label_smoothing, Some(-1))?)
+    pub fn forward(&self, inputs: &Inputs) -> Result<Tensor> {
+        let logits = self.logits(&inputs.x)?;
+        let smoothing = self.config.label_smoothing;
+        Ok(logits.cross_entropy(&inputs.y, smoothing, inputs.ignore_index)?)
     }
 
     /// Backward from `loss` (scaled by the GradScaler when there is one).
@@ -253,9 +267,9 @@ impl Trainer {
             index: batch.position.index + batch.len,
         };
         clock.lap(Phase::DataWait)?;
-        let (x, y) = self.upload(batch)?;
+        let inputs = self.upload(batch)?;
         clock.lap(Phase::HostToDevice)?;
-        let loss = self.forward(&x, &y)?;
+        let loss = self.forward(&inputs)?;
         clock.lap(Phase::Forward)?;
         self.backward(&loss)?;
         clock.lap(Phase::Backward)?;
@@ -291,8 +305,8 @@ impl Trainer {
             let batch = batch?;
             let labels: Vec<i64> = batch.labels().collect();
             let counted = labels.iter().filter(|&&l| l >= 0).count();
-            let (x, y) = self.upload(batch)?;
-            let logits = self.logits(&x)?;
+            let inputs = self.upload(batch)?;
+            let logits = self.logits(&inputs.x)?;
             let logits = if logits.dtype() == DType::F32 {
                 logits
             } else {
@@ -300,7 +314,8 @@ impl Trainer {
             };
             let classes = logits.shape()[1];
             if counted > 0 {
-                loss_sum += logits.cross_entropy(&y, 0.0, Some(-1))?.item()? * counted as f64;
+                let loss = logits.cross_entropy(&inputs.y, 0.0, inputs.ignore_index)?;
+                loss_sum += loss.item()? * counted as f64;
             }
             let host = logits.to_vec::<f32>()?;
             top1 += top_k_correct(&host, classes, &labels, 1);

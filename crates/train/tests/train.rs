@@ -137,13 +137,13 @@ fn a_full_fp16_step_with_an_inf_gradient_changes_nothing_but_the_scale() {
     assert_eq!(scale, 65536.0);
 
     let batch = batches.next().unwrap().unwrap();
-    let (x, y) = trainer.upload(batch).unwrap();
+    let inputs = trainer.upload(batch).unwrap();
     assert_eq!(
-        x.dtype(),
+        inputs.x.dtype(),
         DType::F16,
         "the input op writes the compute dtype"
     );
-    let loss = trainer.forward(&x, &y).unwrap();
+    let loss = trainer.forward(&inputs).unwrap();
     assert_eq!(loss.dtype(), DType::F32, "the loss is computed in f32");
     trainer.backward(&loss).unwrap();
     let (_, w) = &named_parameters(trainer.model())[0];
