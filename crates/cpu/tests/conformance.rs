@@ -136,6 +136,33 @@ fn convolutions_over_several_tiles_and_threads() {
 }
 
 #[test]
+fn max_pooling_on_channels_last_inputs() {
+    // The stem's pool (3×3, stride 2, padding 1) on a channels-last input: the per-pixel path.
+    agree(
+        "max pool 3x3/2 pad 1, channels-last, and its gradient",
+        |dev| {
+            let x = tensor(&[2, 5, 9, 9], 8, dev)
+                .to_channels_last()?
+                .with_requires_grad(true);
+            let p = redline_tensor::Pool2dParams {
+                kernel: [3, 3],
+                stride: [2, 2],
+                padding: [1, 1],
+            };
+            let y = x.max_pool2d(p)?;
+            assert!(
+                y.layout().is_dense() && !y.layout().is_contiguous(),
+                "channels-last out"
+            );
+            y.mul(&tensor(y.shape(), 9, dev))?
+                .sum(&[], false)?
+                .backward()?;
+            Ok(vec![y, x.grad().expect("the input's gradient")])
+        },
+    );
+}
+
+#[test]
 fn stride_one_convolutions_with_few_channels() {
     // The implicit-GEMM weight gradient packs 12 (tap, channel) rows a panel: with fewer than
     // 6 channels a panel spans three taps or more (this was wrong for 1, 2, 3 and 5).

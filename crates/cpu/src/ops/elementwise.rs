@@ -219,7 +219,7 @@ pub(crate) fn select(
 }
 
 /// Same-type strided copy: exact for every dtype (an i64 above 2^53 stays itself).
-fn relayout<E: Elem>(src: &[E], from: &Layout, to: &Layout) -> Vec<E> {
+pub(crate) fn relayout<E: Elem>(src: &[E], from: &Layout, to: &Layout) -> Vec<E> {
     let plan = Plan::new([to, from]);
     let mut out = overwritten::<E>(to.storage_extent().max(plan.numel()));
     let inner = plan.inner();

@@ -5,7 +5,7 @@ use redline_tensor::backend::Pool2dParams;
 use redline_tensor::Layout;
 
 use crate::buffer::{as_compute, from_compute, overwritten, with_compute, zeros, Data, Real};
-use crate::ops::elementwise::dense;
+use crate::ops::elementwise::{dense, relayout};
 use crate::parallel::{self, Disjoint};
 
 /// One plane's geometry: input `h × w` at `strides` (row, column), output `ho × wo`.
@@ -72,7 +72,15 @@ fn planes(xl: &Layout, f: impl Fn(usize, usize) + Sync) {
     );
 }
 
+/// Whether `l` is the dense channels-last layout of its shape.
+fn is_channels_last(l: &Layout) -> bool {
+    Layout::channels_last(l.shape()).is_ok_and(|cl| cl.strides() == l.strides() && l.offset() == 0)
+}
+
 pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> (Data, Data) {
+    if is_channels_last(xl) && is_channels_last(out) {
+        return max_pool2d_channels_last(x, xl, p, out);
+    }
     let s = xl.shape();
     let plane = Plane::new(s, out.shape(), p);
     let (sy, sx) = (xl.strides()[2], xl.strides()[3]);
@@ -100,6 +108,54 @@ pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) 
             }
         });
         let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
+        (from_compute(x.dtype(), values), Data::I64(at))
+    })
+}
+
+/// Max pooling of a channels-last input into a channels-last output: per output pixel, every
+/// window position is one contiguous run of C channels (a plane-by-plane walk would read each
+/// cache line once per channel). Same values, same positions (and NaN rule) as the plane walk.
+fn max_pool2d_channels_last(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> (Data, Data) {
+    let s = xl.shape();
+    let (n, c) = (s[0], s[1]);
+    let plane = Plane::new(s, out.shape(), p);
+    let (ho, wo) = (plane.ho, plane.wo);
+    with_compute!(x.dtype(), C => {
+        let src = as_compute::<C>(x);
+        let mut values = overwritten::<C>(n * ho * wo * c);
+        let mut at = vec![0i64; values.len()];
+        let (vo, ao) = (Disjoint::new(&mut values), Disjoint::new(&mut at));
+        let rows = n * ho;
+        parallel::for_parts(rows, parallel::parts_for(rows * wo * c, 1 << 14), |_, range| {
+            let mut best = vec![C::NEG_INFINITY; c];
+            let mut pos = vec![0i64; c];
+            for row in range {
+                let (b, oy) = (row / ho, row % ho);
+                // SAFETY: each output row (image b, row oy) is written by one part.
+                let (vs, ats) = unsafe {
+                    let span = row * wo * c..(row + 1) * wo * c;
+                    (vo.slice(span.clone()), ao.slice(span))
+                };
+                for ox in 0..wo {
+                    best.fill(C::NEG_INFINITY);
+                    pos.fill(0);
+                    plane.window(oy, ox, |iy, ix| {
+                        let px = &src[((b * plane.h + iy) * plane.w + ix) * c..][..c];
+                        let here = (iy * plane.w + ix) as i64;
+                        for ((v, bst), ps) in px.iter().zip(best.iter_mut()).zip(pos.iter_mut()) {
+                            if *v > *bst || (v.is_nan() && !bst.is_nan()) {
+                                (*bst, *ps) = (*v, here);
+                            }
+                        }
+                    });
+                    vs[ox * c..(ox + 1) * c].copy_from_slice(&best);
+                    ats[ox * c..(ox + 1) * c].copy_from_slice(&pos);
+                }
+            }
+        });
+        // Positions are returned NCHW (row-major over the output shape), as the plane walk's.
+        let nhwc = Layout::channels_last(out.shape()).unwrap_or_else(|_| out.clone());
+        let at = relayout(&at, &nhwc, &Layout::contiguous(out.shape()));
         (from_compute(x.dtype(), values), Data::I64(at))
     })
 }
