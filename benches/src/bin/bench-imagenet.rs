@@ -49,11 +49,7 @@ fn run() -> Res<()> {
         ("resnet50", 224, 8)
     };
     let model_name = flag("--model").unwrap_or_else(|| default_model.into());
-    let depth: usize = model_name
-        .strip_prefix("resnet")
-        .and_then(|d| d.parse().ok())
-        .filter(|d| [18, 34, 50].contains(d))
-        .ok_or_else(|| format!("--model {model_name}: use resnet18, resnet34 or resnet50"))?;
+    let resnet = ResNetConfig::named(&model_name)?;
     let res = number("--res")?.unwrap_or(default_res);
     let batch = number("--batch")?.unwrap_or(default_batch);
     let precision: Precision = match flag("--precision") {
@@ -72,7 +68,7 @@ fn run() -> Res<()> {
     if let Some(folder) = flag("--folder") {
         redline_benches::export_folder(&set, std::path::Path::new(&folder))?;
     }
-    let model = ResNet::new(ResNetConfig::new(depth), &device)?;
+    let model = ResNet::new(resnet, &device)?;
     let macs = model.macs_per_image(res)?;
     let params = named_parameters(&model)
         .into_iter()

@@ -21,6 +21,20 @@ pub struct ResNetConfig {
 }
 
 impl ResNetConfig {
+    /// "resnet18", "resnet34" or "resnet50" (torchvision's names), with [`ResNetConfig::new`]'s
+    /// defaults; an error naming the choices otherwise.
+    pub fn named(name: &str) -> Result<Self> {
+        name.strip_prefix("resnet")
+            .and_then(|d| d.parse().ok())
+            .filter(|d| [18, 34, 50].contains(d))
+            .map(Self::new)
+            .ok_or_else(|| {
+                TensorError::Shape(format!(
+                    "model {name:?}: use resnet18, resnet34 or resnet50"
+                ))
+            })
+    }
+
     pub fn new(depth: usize) -> Self {
         Self {
             depth,

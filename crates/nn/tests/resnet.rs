@@ -135,3 +135,15 @@ fn a_training_step_reaches_every_parameter_and_updates_the_statistics() {
     assert_eq!(state_dict(&model)[5].1.to_vec::<i64>().unwrap(), [1]);
     assert_eq!(x.dtype(), DType::F32);
 }
+
+#[test]
+fn models_are_named_as_torchvision_names_them() {
+    for depth in [18, 34, 50] {
+        let config = redline_nn::ResNetConfig::named(&format!("resnet{depth}")).unwrap();
+        assert_eq!(config, redline_nn::ResNetConfig::new(depth));
+    }
+    for bad in ["resnet101", "vgg16", "resnet"] {
+        let err = redline_nn::ResNetConfig::named(bad).unwrap_err().to_string();
+        assert!(err.contains(bad) && err.contains("resnet50"), "{err}");
+    }
+}

@@ -68,11 +68,6 @@ fn run() -> Res<()> {
     let (train, val) = (open(&data.join("train"))?, open(&data.join("val"))?);
     let (candidate, device) = registry::select(args.get("--device").as_deref())?;
     let model_name = args.get("--model").unwrap_or_else(|| "resnet18".into());
-    let depth: usize = model_name
-        .strip_prefix("resnet")
-        .and_then(|d| d.parse().ok())
-        .filter(|d| [18, 34, 50].contains(d))
-        .ok_or_else(|| format!("--model {model_name}: use resnet18, resnet34 or resnet50"))?;
     let res: usize = args.parse("--res", 64)?;
     let min_res: usize = args.parse("--min-res", res)?;
     let batch: usize = args.parse("--batch", 64)?;
@@ -100,7 +95,7 @@ fn run() -> Res<()> {
     }
 
     let classes = train.classes().len().max(1);
-    let mut config = ResNetConfig::new(depth);
+    let mut config = ResNetConfig::named(&model_name)?;
     config.num_classes = classes;
     config.seed = seed;
     config.zero_init_residual = true;
