@@ -143,7 +143,9 @@ fn models_are_named_as_torchvision_names_them() {
         assert_eq!(config, redline_nn::ResNetConfig::new(depth));
     }
     for bad in ["resnet101", "vgg16", "resnet"] {
-        let err = redline_nn::ResNetConfig::named(bad).unwrap_err().to_string();
+        let err = redline_nn::ResNetConfig::named(bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(bad) && err.contains("resnet50"), "{err}");
     }
 }
