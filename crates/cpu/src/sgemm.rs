@@ -1,11 +1,14 @@
-//! f32 GEMM with an AVX-512 micro-kernel, for CPUs that have AVX-512F.
+//! f32 GEMM with our own micro-kernels, for x86-64 CPUs with AVX-512F or AVX2 + FMA.
 //!
-//! matrixmultiply's kernels are AVX2 (8 lanes); on an AVX-512 core with full-width FMA units
-//! that is half the peak. This is the classic packed GEMM (BLIS's loop nest): B is packed into
-//! 32-column panels of `KC` rows (a micro-panel stays in L1), A into 12-row panels of an
-//! `MC × KC` block (in L2), and a 12×32 register tile — 24 zmm accumulators — does the FMAs.
-//! Edges are zero-padded in the packs and written back through masks. Single-threaded: the
-//! callers split rows across threads.
+//! This is the classic packed GEMM (BLIS's loop nest): B is packed into 32-column panels of `KC`
+//! rows (a micro-panel stays in L1), A into 12-row panels of an `MC × KC` block (in L2), and a
+//! 12×32 tile of C is computed in registers. On AVX-512 that is one pass with 24 zmm
+//! accumulators; on AVX2 (16 ymm registers) the same tile is four passes of the 6×16 kernel
+//! (12 ymm accumulators, two B loads and a broadcast per step: BLIS's Haswell shape), so both
+//! ISAs share the packing, the implicit-convolution addressing and every caller. Edges are
+//! zero-padded in the packs and written back through masks. Single-threaded: the callers split
+//! rows across threads. Without either ISA (or with `REDLINE_CPU_KERNEL=portable`) callers use
+//! matrixmultiply and im2col instead.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -18,18 +21,75 @@ const NR: usize = 16 * NV;
 const KC: usize = 256;
 const MC: usize = MR * 12;
 
-/// Whether this CPU runs the AVX-512 kernel (checked once).
-pub(crate) fn available() -> bool {
+/// The micro-kernel a CPU runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Avx512,
+    Avx2,
+}
+
+/// The best micro-kernel of this CPU, checked once; `REDLINE_CPU_KERNEL=avx2` or `portable`
+/// (or the older `REDLINE_CPU_NO_AVX512`) step down, for A/B measurements.
+pub(crate) fn isa() -> Option<Isa> {
+    #[cfg(test)]
+    if let Some(forced) = FORCED.with(|f| f.get()) {
+        return forced;
+    }
     #[cfg(target_arch = "x86_64")]
     {
-        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
-            std::env::var_os("REDLINE_CPU_NO_AVX512").is_none()
-                && is_x86_feature_detected!("avx512f")
+        static ISA: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            let asked = std::env::var("REDLINE_CPU_KERNEL").unwrap_or_default();
+            let no_avx512 = asked == "avx2" || std::env::var_os("REDLINE_CPU_NO_AVX512").is_some();
+            if asked == "portable" {
+                None
+            } else if !no_avx512 && is_x86_feature_detected!("avx512f") {
+                Some(Isa::Avx512)
+            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                Some(Isa::Avx2)
+            } else {
+                None
+            }
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    None
+}
+
+/// Whether this CPU runs one of our kernels (else callers use matrixmultiply).
+pub(crate) fn available() -> bool {
+    isa().is_some()
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A kernel forced on this thread (tests run each ISA the CPU has).
+    static FORCED: std::cell::Cell<Option<Option<Isa>>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with `isa` as this thread's kernel.
+#[cfg(test)]
+pub(crate) fn with_isa<R>(isa: Option<Isa>, f: impl FnOnce() -> R) -> R {
+    FORCED.with(|c| c.set(Some(isa)));
+    let r = f();
+    FORCED.with(|c| c.set(None));
+    r
+}
+
+/// The ISAs this CPU can run, best first (for tests).
+#[cfg(test)]
+pub(crate) fn supported() -> Vec<Isa> {
+    let mut all = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            all.push(Isa::Avx512);
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            all.push(Isa::Avx2);
+        }
+    }
+    all
 }
 
 thread_local! {
@@ -525,12 +585,49 @@ pub(crate) struct ASrc<'t> {
     pub run: usize,
 }
 
-/// The 12×32 register tile: `c[rows, cols] = acc + beta · c`. A element (i, p) is at
-/// `a[i·lda + p]` when `DIRECT` (row-major, read in place), else `a[p·MR + i]` (a packed panel).
-#[allow(clippy::too_many_arguments)]
+/// The 12×32 register tile: `c[rows, cols] = A·B + beta · c` on this CPU's kernel. A element
+/// (i, p) is at `a[i·lda + p]` when `DIRECT` (row-major, read in place), else `a[p·lda + i]` (a
+/// packed panel or a column-major operand); B is a packed `NR`-column panel.
+///
+/// # Safety
+/// [`available`]; `ASrc`'s contract; `b` holds the panel's rows; the tile lies within c.
+#[cfg(target_arch = "x86_64")]
+unsafe fn kernel<const DIRECT: bool>(
+    a: ASrc<'_>,
+    b: *const f32,
+    c_rows: &[*mut f32; MR],
+    csc: isize,
+    beta: f32,
+    rows: usize,
+    cols: usize,
+) {
+    // SAFETY: the caller's contract; `isa` names a feature set this CPU has.
+    unsafe {
+        match isa() {
+            Some(Isa::Avx512) => kernel_avx512::<DIRECT>(a, b, c_rows, csc, beta, rows, cols),
+            Some(Isa::Avx2) => kernel_avx2::<DIRECT>(a, b, c_rows, csc, beta, rows, cols),
+            None => unreachable!("sgemm kernels run only when available()"),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn kernel<const DIRECT: bool>(
+    _: ASrc<'_>,
+    _: *const f32,
+    _: &[*mut f32; MR],
+    _: isize,
+    _: f32,
+    _: usize,
+    _: usize,
+) {
+    unreachable!("available() is false off x86_64")
+}
+
+/// The AVX-512 tile: one pass, 24 zmm accumulators.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel<const DIRECT: bool>(
+unsafe fn kernel_avx512<const DIRECT: bool>(
     a: ASrc<'_>,
     b: *const f32,
     c_rows: &[*mut f32; MR],
@@ -542,18 +639,18 @@ unsafe fn kernel<const DIRECT: bool>(
     // SAFETY: the caller's contract.
     let acc = unsafe {
         match (DIRECT, a.lda) {
-            (false, MR) => accumulate::<false, MR>(a, b),
-            (false, 64) => accumulate::<false, 64>(a, b),
-            (false, 128) => accumulate::<false, 128>(a, b),
-            (false, 256) => accumulate::<false, 256>(a, b),
-            (false, 512) => accumulate::<false, 512>(a, b),
-            (false, _) => accumulate::<false, 0>(a, b),
+            (false, MR) => accumulate_avx512::<false, MR>(a, b),
+            (false, 64) => accumulate_avx512::<false, 64>(a, b),
+            (false, 128) => accumulate_avx512::<false, 128>(a, b),
+            (false, 256) => accumulate_avx512::<false, 256>(a, b),
+            (false, 512) => accumulate_avx512::<false, 512>(a, b),
+            (false, _) => accumulate_avx512::<false, 0>(a, b),
             // The channel counts of common networks (the row stride of implicit convolution).
-            (true, 64) => accumulate::<true, 64>(a, b),
-            (true, 128) => accumulate::<true, 128>(a, b),
-            (true, 256) => accumulate::<true, 256>(a, b),
-            (true, 512) => accumulate::<true, 512>(a, b),
-            (true, _) => accumulate::<true, 0>(a, b),
+            (true, 64) => accumulate_avx512::<true, 64>(a, b),
+            (true, 128) => accumulate_avx512::<true, 128>(a, b),
+            (true, 256) => accumulate_avx512::<true, 256>(a, b),
+            (true, 512) => accumulate_avx512::<true, 512>(a, b),
+            (true, _) => accumulate_avx512::<true, 0>(a, b),
         }
     };
     if csc == 1 {
@@ -597,7 +694,7 @@ unsafe fn kernel<const DIRECT: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline(never)]
-unsafe fn accumulate<const DIRECT: bool, const LDA: usize>(
+unsafe fn accumulate_avx512<const DIRECT: bool, const LDA: usize>(
     a: ASrc<'_>,
     b: *const f32,
 ) -> [[__m512; NV]; MR] {
@@ -628,6 +725,142 @@ unsafe fn accumulate<const DIRECT: bool, const LDA: usize>(
     acc
 }
 
+/// Rows and columns of the AVX2 sub-tile (12 ymm accumulators); four make the 12×32 tile.
+const MR2: usize = 6;
+const NR2: usize = 16;
+
+/// The AVX2 tile: the 12×32 tile as four 6×16 passes over the same packed panels (A rows 0–5
+/// and 6–11, B columns 0–15 and 16–31), skipping the passes a ragged edge leaves empty.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel_avx2<const DIRECT: bool>(
+    a: ASrc<'_>,
+    b: *const f32,
+    c_rows: &[*mut f32; MR],
+    csc: isize,
+    beta: f32,
+    rows: usize,
+    cols: usize,
+) {
+    for r0 in (0..rows).step_by(MR2) {
+        // Rows r0.. of the tile: MR2 rows down a row-major A, MR2 values along a packed one.
+        let shift = if DIRECT { r0 * a.lda } else { r0 };
+        let sub = ASrc {
+            ptr: a.ptr.wrapping_add(shift),
+            ..a
+        };
+        for c0 in (0..cols).step_by(NR2) {
+            // SAFETY: the caller's contract, for the sub-tile's rows and columns.
+            let acc = unsafe {
+                let b = b.add(c0);
+                match (DIRECT, a.lda) {
+                    (false, MR) => accumulate_avx2::<false, MR>(sub, b),
+                    (false, _) => accumulate_avx2::<false, 0>(sub, b),
+                    (true, 64) => accumulate_avx2::<true, 64>(sub, b),
+                    (true, 128) => accumulate_avx2::<true, 128>(sub, b),
+                    (true, 256) => accumulate_avx2::<true, 256>(sub, b),
+                    (true, 512) => accumulate_avx2::<true, 512>(sub, b),
+                    (true, _) => accumulate_avx2::<true, 0>(sub, b),
+                }
+            };
+            let (n_rows, n_cols) = (MR2.min(rows - r0), NR2.min(cols - c0));
+            for (i, row) in acc.iter().enumerate().take(n_rows) {
+                let at = c_rows[r0 + i].wrapping_offset(c0 as isize * csc);
+                // SAFETY: (r0 + i, c0..c0 + n_cols) is inside c.
+                unsafe { store_row_avx2(at, csc, row, n_cols, beta) };
+            }
+        }
+    }
+}
+
+/// `c[j] = v[j] + beta · c[j]` for `j < cols` (at most 16), `csc` apart.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn store_row_avx2(c: *mut f32, csc: isize, v: &[__m256; 2], cols: usize, beta: f32) {
+    if csc == 1 {
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (h, &v) in v.iter().enumerate() {
+            let live = cols.saturating_sub(8 * h).min(8);
+            if live == 0 {
+                break;
+            }
+            // SAFETY: the masked lanes are inside c's row (the caller's contract).
+            unsafe {
+                let at = c.add(8 * h);
+                if live == 8 {
+                    let v = if beta == 0.0 {
+                        v
+                    } else {
+                        _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(at), v)
+                    };
+                    _mm256_storeu_ps(at, v);
+                } else {
+                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(live as i32), lane);
+                    let v = if beta == 0.0 {
+                        v
+                    } else {
+                        let old = _mm256_maskload_ps(at, mask);
+                        _mm256_fmadd_ps(_mm256_set1_ps(beta), old, v)
+                    };
+                    _mm256_maskstore_ps(at, mask, v);
+                }
+            }
+        }
+    } else {
+        let mut tile = [0.0f32; NR2];
+        // SAFETY: a local array of 16 lanes.
+        unsafe {
+            _mm256_storeu_ps(tile.as_mut_ptr(), v[0]);
+            _mm256_storeu_ps(tile.as_mut_ptr().add(8), v[1]);
+        }
+        for (j, &v) in tile.iter().enumerate().take(cols) {
+            // SAFETY: column j of the row is inside c.
+            unsafe {
+                let at = c.offset(j as isize * csc);
+                *at = if beta == 0.0 { v } else { v + beta * *at };
+            }
+        }
+    }
+}
+
+/// The 6×16 FMA loop (B panel rows `NR` apart), apart from the stores so the accumulators stay
+/// in registers, as [`accumulate_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline(never)]
+unsafe fn accumulate_avx2<const DIRECT: bool, const LDA: usize>(
+    a: ASrc<'_>,
+    b: *const f32,
+) -> [[__m256; 2]; MR2] {
+    let lda = if LDA == 0 { a.lda } else { LDA };
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR2];
+    let mut p = 0;
+    for &tap in a.taps {
+        for step in 0..a.run {
+            // SAFETY: the B panel holds taps·run rows of NR (this sub-tile reads 16 of them).
+            let bv = unsafe {
+                [
+                    _mm256_loadu_ps(b.add(p * NR)),
+                    _mm256_loadu_ps(b.add(p * NR + 8)),
+                ]
+            };
+            for (i, row) in acc.iter_mut().enumerate() {
+                let at = if DIRECT {
+                    i * lda + tap + step
+                } else {
+                    p * lda + i
+                };
+                // SAFETY: `ASrc`'s contract.
+                let ai = _mm256_set1_ps(unsafe { *a.ptr.add(at) });
+                row[0] = _mm256_fmadd_ps(ai, bv[0], row[0]);
+                row[1] = _mm256_fmadd_ps(ai, bv[1], row[1]);
+            }
+            p += 1;
+        }
+    }
+    acc
+}
+
 /// The row pointers of a tile at `c` with row stride `rsc`.
 fn rows_of(c: *mut f32, rsc: isize) -> [*mut f32; MR] {
     std::array::from_fn(|i| c.wrapping_offset(i as isize * rsc))
@@ -642,23 +875,7 @@ fn lane_mask(lanes: usize) -> __mmask16 {
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-#[allow(clippy::too_many_arguments)]
-unsafe fn kernel(
-    _: usize,
-    _: *const f32,
-    _: *const f32,
-    _: *mut f32,
-    _: isize,
-    _: isize,
-    _: f32,
-    _: usize,
-    _: usize,
-) {
-    unreachable!("available() is false off x86_64")
-}
-
-/// matrixmultiply's `sgemm` signature, on the AVX-512 kernel when this CPU has it.
+/// matrixmultiply's `sgemm` signature, on our kernel when this CPU runs one.
 ///
 /// # Safety
 /// As `matrixmultiply::sgemm`.
@@ -695,10 +912,14 @@ mod tests {
 
     #[test]
     fn matches_a_plain_triple_loop_on_ragged_shapes() {
-        if !available() {
-            eprintln!("no AVX-512 on this CPU: kernel not exercised");
-            return;
+        let isas = supported();
+        eprintln!("kernels this CPU runs: {isas:?}");
+        for isa in isas {
+            with_isa(Some(isa), || check_ragged_shapes(isa));
         }
+    }
+
+    fn check_ragged_shapes(isa: Isa) {
         let shapes = [
             (1, 1, 1),
             (13, 7, 33),
@@ -744,12 +965,86 @@ mod tests {
                         let want: f32 =
                             1.0 + (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
                         let got = c[i * n + j];
-                        let what =
-                            format!("({m},{k},{n}) a_column_major={a_column_major} [{i},{j}]");
+                        let what = format!(
+                            "{isa:?} ({m},{k},{n}) a_column_major={a_column_major} [{i},{j}]"
+                        );
                         assert!(
                             (got - want).abs() <= 1e-3 * want.abs().max(1.0),
                             "{what}: {got} vs {want}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A 1-D convolution as implicit GEMM: output row `i` (of `m`, `n` channels) is
+    /// `Σ_t Σ_s x[i + t·dilation][s] · w[t·run + s]` over a signal of `lda`-wide rows read in
+    /// place; and its weight gradient. Every ISA this CPU runs, ragged m, n and channel counts.
+    #[test]
+    fn implicit_gemm_and_its_weight_gradient_match_plain_loops() {
+        for isa in supported() {
+            for (m, run, lda, n, taps) in [
+                (30, 5, 7, 33, vec![0, 7, 14]),
+                (13, 64, 64, 64, vec![0, 64, 128]),
+                (40, 3, 3, 20, vec![0, 3, 6, 9, 12]),
+            ] {
+                let rows = m + MR + taps.len() + 2;
+                let x: Vec<f32> = (0..rows * lda)
+                    .map(|i| ((i * 7 % 17) as f32 - 8.0) / 9.0)
+                    .collect();
+                let k = taps.len() * run;
+                let w: Vec<f32> = (0..k * n)
+                    .map(|i| ((i * 3 % 13) as f32 - 6.0) / 7.0)
+                    .collect();
+                let at = |i: usize, t: usize, s: usize| x[i * lda + taps[t] + s];
+                let mut out = vec![0.5f32; m * n];
+                let mut dw = vec![0.0f32; k * n];
+                let g: Vec<f32> = (0..m * n)
+                    .map(|i| ((i * 5 % 11) as f32 - 5.0) / 6.0)
+                    .collect();
+                with_isa(Some(isa), || unsafe {
+                    let packed = PackedB::new(w.as_ptr(), [n as isize, 1], k, n);
+                    let base = out.as_mut_ptr();
+                    implicit(
+                        m,
+                        x.as_ptr(),
+                        lda,
+                        &taps,
+                        run,
+                        &packed,
+                        |i| base.add(i * n),
+                        1.0,
+                    );
+                    let g_row = |q: usize| (q % 5 != 3).then(|| g.as_ptr().add(q * n));
+                    implicit_weight_grad(m, x.as_ptr(), lda, &taps, run, g_row, n, dw.as_mut_ptr());
+                });
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut want = 0.5f32;
+                        for t in 0..taps.len() {
+                            for s in 0..run {
+                                want += at(i, t, s) * w[(t * run + s) * n + j];
+                            }
+                        }
+                        let got = out[i * n + j];
+                        assert!(
+                            (got - want).abs() < 1e-3,
+                            "{isa:?} out[{i},{j}] {got} vs {want}"
+                        );
+                    }
+                }
+                for t in 0..taps.len() {
+                    for s in 0..run {
+                        for j in 0..n {
+                            let want: f32 = (0..m)
+                                .filter(|q| q % 5 != 3)
+                                .map(|q| at(q, t, s) * g[q * n + j])
+                                .sum();
+                            let got = dw[(t * run + s) * n + j];
+                            let what = format!("{isa:?} dw[{t},{s},{j}] {got} vs {want}");
+                            assert!((got - want).abs() < 1e-3, "{what}");
+                        }
                     }
                 }
             }

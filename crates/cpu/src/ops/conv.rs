@@ -8,7 +8,8 @@
 //! `colsᵀ · g` per thread and sums the partials in thread order. 1×1 stride-1 convolutions skip
 //! im2col (the NHWC input already is the matrix). NCHW tensors are converted on the way in and
 //! out (PyTorch's oneDNN path does the same): channels-last is the fast layout. Stride-1 f32
-//! convolutions on AVX-512 CPUs skip im2col altogether (`implicit.rs`).
+//! convolutions on CPUs with our GEMM kernels (AVX-512 or AVX2) skip im2col altogether
+//! (`implicit.rs`).
 
 use redline_tensor::backend::Conv2dParams;
 use redline_tensor::Layout;

@@ -87,7 +87,7 @@ pub(crate) fn gemm_rows<C: Real>(
 }
 
 /// A GEMM's B operand shared by many calls (a convolution's weights across row tiles and
-/// threads): packed once for the AVX-512 f32 kernel when it runs, else read as it is.
+/// threads): packed once for our f32 kernel when it runs, else read as it is.
 pub(crate) enum SharedB<'a, C> {
     Plain(Mat<'a, C>),
     Packed(sgemm::PackedBlocks),

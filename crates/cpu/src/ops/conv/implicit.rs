@@ -1,4 +1,4 @@
-//! Stride-1, single-group f32 convolution as implicit GEMM (no im2col), on the AVX-512 kernel.
+//! Stride-1, single-group f32 convolution as implicit GEMM (no im2col), on our GEMM kernels.
 //!
 //! The input is padded once into `[N, Hp, Wp, C]`. Outputs are computed over the padded width:
 //! output `q = y·Wp + x` of an image reads input pixel `q + ky·d·Wp + kx·d` for tap `(ky, kx)`,
