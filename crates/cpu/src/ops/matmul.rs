@@ -103,7 +103,7 @@ impl<'a, C: Real> SharedB<'a, C> {
             "gemm: b out of bounds"
         );
         match C::as_f32(b.data) {
-            Some(data) if sgemm::available() && k > 0 && n > 0 => {
+            Some(data) if sgemm::for_gemm() && k > 0 && n > 0 => {
                 // SAFETY: bounds checked above.
                 let ptr = unsafe { data.as_ptr().add(b.offset) };
                 Self::Packed(unsafe { sgemm::PackedBlocks::new(ptr, b.istrides(), k, n) })
