@@ -1,12 +1,20 @@
 //! Work on every core with fixed partitions (DESIGN contract 9).
 //!
 //! Work is split into contiguous parts whose boundaries depend only on the work's size and the
-//! thread count, never on timing: the same inputs give the same bits on every run. Parts run on
-//! scoped threads (the caller runs part 0), so there is no pool to shut down and a panic in a
-//! part reaches the caller. Small work stays on the calling thread.
+//! thread count, never on timing: the same inputs give the same bits on every run, whoever runs
+//! which part. Parts run on a pool of `threads() - 1` persistent workers and the calling thread,
+//! all claiming parts from one counter: a training step runs thousands of ops, and spawning
+//! threads for each cost a thread stack's map and unmap (TLB shootdowns on every core) per op.
+//! The caller claims parts too, so it never waits for a worker that is busy elsewhere or asleep
+//! (nested and concurrent calls cannot deadlock), and a panic in a part reaches the caller
+//! after every part has finished. Small work stays on the calling thread.
 
+use std::any::Any;
+use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// Threads the backend uses: `REDLINE_CPU_THREADS`, or every core.
 pub(crate) fn threads() -> usize {
@@ -37,38 +45,18 @@ pub(crate) fn for_parts(n: usize, parts: usize, f: impl Fn(usize, Range<usize>) 
         f(0, 0..n);
         return;
     }
-    std::thread::scope(|scope| {
-        let f = &f;
-        for part in 1..parts {
-            scope.spawn(move || f(part, part_range(n, parts, part)));
-        }
-        f(0, part_range(n, parts, 0));
-    });
+    run(parts, &|part| f(part, part_range(n, parts, part)));
 }
 
 /// Runs `f(task)` for every task of `0..count`, on up to [`threads`] threads that claim tasks
 /// one at a time. Only for tasks that write disjoint outputs: the results cannot depend on who
 /// ran what, and a core slowed by other load simply takes fewer tasks.
 pub(crate) fn for_each_task(count: usize, f: impl Fn(usize) + Sync) {
-    let workers = threads().min(count);
-    if workers <= 1 {
+    if threads() <= 1 || count <= 1 {
         (0..count).for_each(f);
         return;
     }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let work = || loop {
-        let task = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if task >= count {
-            break;
-        }
-        f(task);
-    };
-    std::thread::scope(|scope| {
-        for _ in 1..workers {
-            scope.spawn(work);
-        }
-        work();
-    });
+    run(count, &f);
 }
 
 /// Runs `f(start, chunk)` over contiguous chunks of `out` (at least `min_chunk` elements each), in
@@ -84,23 +72,139 @@ pub(crate) fn chunks_mut<T: Send>(
         f(0, out);
         return;
     }
-    std::thread::scope(|scope| {
-        let f = &f;
-        let mut rest = out;
-        let mut start = 0;
-        for part in 0..parts {
-            let len = part_range(n, parts, part).len();
-            let (chunk, tail) = rest.split_at_mut(len);
-            rest = tail;
-            let at = start;
-            start += len;
-            if part + 1 == parts {
-                f(at, chunk);
-            } else {
-                scope.spawn(move || f(at, chunk));
+    let chunks = Disjoint::new(out);
+    run(parts, &|part| {
+        let range = part_range(n, parts, part);
+        // SAFETY: the parts' ranges are disjoint.
+        f(range.start, unsafe { chunks.slice(range) })
+    });
+}
+
+/// One parallel call: `parts` parts claimed through `next` by the caller and the workers.
+struct Job {
+    /// The caller's closure with its lifetime erased: only dereferenced for a claimed part
+    /// (`next` below `parts`), and the caller returns only after every part has finished.
+    work: *const (dyn Fn(usize) + Sync),
+    parts: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    finished: (Mutex<()>, Condvar),
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+// SAFETY: `work` points at a `Sync` closure that outlives every use (see `run`).
+unsafe impl Send for Job {}
+unsafe impl Sync for Job {}
+
+impl Job {
+    fn exhausted(&self) -> bool {
+        self.next.load(Ordering::Relaxed) >= self.parts
+    }
+
+    /// Claims and runs parts until none is left.
+    fn help(&self) {
+        loop {
+            let part = self.next.fetch_add(1, Ordering::Relaxed);
+            if part >= self.parts {
+                return;
+            }
+            // SAFETY: a claimed part: the caller is still waiting for it (`work` is alive).
+            let work = unsafe { &*self.work };
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| work(part))) {
+                let mut first = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                first.get_or_insert(payload);
+            }
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.parts {
+                let _guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
+                self.finished.1.notify_all();
             }
         }
+    }
+
+    fn wait(&self) {
+        let mut guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
+        while self.done.load(Ordering::Acquire) < self.parts {
+            guard = self
+                .finished
+                .1
+                .wait(guard)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The persistent workers and the queue of calls they help with.
+struct Pool {
+    queue: Mutex<VecDeque<Arc<Job>>>,
+    wake: Condvar,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<&'static Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let pool: &'static Pool = Box::leak(Box::new(Pool {
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+        }));
+        for i in 1..threads() {
+            let spawned = std::thread::Builder::new()
+                .name(format!("redline-cpu-{i}"))
+                .spawn(move || pool.serve());
+            // Without a worker the callers run every part themselves: slower, still correct.
+            if let Err(e) = spawned {
+                eprintln!("redline-cpu: could not start worker thread {i}: {e}");
+            }
+        }
+        pool
+    })
+}
+
+impl Pool {
+    fn serve(&self) {
+        loop {
+            let job = {
+                let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    while queue.front().is_some_and(|j| j.exhausted()) {
+                        queue.pop_front();
+                    }
+                    if let Some(job) = queue.front() {
+                        break job.clone();
+                    }
+                    queue = self.wake.wait(queue).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            job.help();
+        }
+    }
+}
+
+/// Runs `work(part)` for every part of `0..parts` on the pool and the calling thread; returns
+/// when all have finished, re-raising the first panic.
+fn run(parts: usize, work: &(dyn Fn(usize) + Sync)) {
+    // SAFETY: only the lifetime is erased; this function does not return (or unwind) before
+    // every part has finished, and a job's `work` is never dereferenced after that.
+    let work: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(work) };
+    let job = Arc::new(Job {
+        work,
+        parts,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        finished: (Mutex::new(()), Condvar::new()),
+        panic: Mutex::new(None),
     });
+    let pool = pool();
+    pool.queue
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push_back(job.clone());
+    pool.wake.notify_all();
+    job.help();
+    job.wait();
+    let payload = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(payload) = payload {
+        resume_unwind(payload);
+    }
 }
 
 /// A mutable slice that parts of a parallel loop write at disjoint positions they compute
@@ -161,5 +265,35 @@ mod tests {
             }
         });
         assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32));
+    }
+
+    #[test]
+    fn nested_and_concurrent_calls_finish_and_panics_reach_the_caller() {
+        let total = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for_each_task(50, |_| {
+                        for_parts(1000, 4, |_, r| {
+                            total.fetch_add(r.len(), Ordering::Relaxed);
+                        });
+                    });
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 4 * 50 * 1000);
+        let caught = catch_unwind(|| for_each_task(8, |t| assert!(t != 5, "task {t} failed")));
+        let payload = caught.expect_err("the part's panic reaches the caller");
+        let message = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(message.contains("task 5 failed"), "{message}");
+        // The pool still works afterwards.
+        let after = AtomicUsize::new(0);
+        for_each_task(8, |_| {
+            after.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(after.load(Ordering::Relaxed), 8);
     }
 }
