@@ -183,6 +183,9 @@ op_enum!(
         Pow => "pow",
         Maximum => "maximum",
         Minimum => "minimum",
+        /// ReLU's backward: `b` where `a > 0`, else 0 (`a` the ReLU's input, `b` the incoming
+        /// gradient; NaN in `a` gives 0, as PyTorch's `threshold_backward`). Not differentiable.
+        ReluGrad => "relu_grad",
         Eq => "eq",
         Ne => "ne",
         Lt => "lt",

@@ -147,6 +147,8 @@ fn binary_domains(op: BinaryOp) -> (Domain, Domain) {
         BinaryOp::Div => (Domain::Any, Domain::AwayFromZero),
         BinaryOp::Pow => (Domain::Positive, Domain::Exponent),
         BinaryOp::Maximum | BinaryOp::Minimum => (Domain::Distinct, Domain::Distinct),
+        // Nothing at the kink, where rounding could move a across 0.
+        BinaryOp::ReluGrad => (Domain::Distinct, Domain::Any),
         _ => (Domain::Any, Domain::Any),
     }
 }

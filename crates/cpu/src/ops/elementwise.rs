@@ -112,27 +112,28 @@ pub(crate) fn dense<'a, C: Real>(src: &'a [C], view: &Layout, order: &Layout) ->
     }
 }
 
-fn unary_fn<C: Real>(op: UnaryOp) -> fn(C) -> C {
+/// One monomorphised loop per op (a function pointer per element would keep the compiler from
+/// vectorising ReLU, the op a CNN runs most).
+fn unary_kernel<C: Real>(op: UnaryOp, x: &[C], xl: &Layout, out: &Layout) -> Vec<C> {
+    let (l, s) = ([out, xl], [&[][..], x]);
     match op {
-        UnaryOp::Neg => |x: C| -x,
-        UnaryOp::Exp => |x: C| x.exp(),
-        UnaryOp::Log => |x: C| x.ln(),
-        UnaryOp::Sqrt => |x: C| x.sqrt(),
-        UnaryOp::Rsqrt => |x: C| C::ONE / x.sqrt(),
-        UnaryOp::Relu => |x: C| if x > C::ZERO { x } else { C::ZERO },
-        UnaryOp::Sigmoid => |x: C| C::ONE / (C::ONE + (-x).exp()),
-        UnaryOp::Tanh => |x: C| x.tanh(),
+        UnaryOp::Neg => map(l, s, |v| -v[1]),
+        UnaryOp::Exp => map(l, s, |v| v[1].exp()),
+        UnaryOp::Log => map(l, s, |v| v[1].ln()),
+        UnaryOp::Sqrt => map(l, s, |v| v[1].sqrt()),
+        UnaryOp::Rsqrt => map(l, s, |v| C::ONE / v[1].sqrt()),
+        UnaryOp::Relu => map(l, s, |v| if v[1] > C::ZERO { v[1] } else { C::ZERO }),
+        UnaryOp::Sigmoid => map(l, s, |v| C::ONE / (C::ONE + (-v[1]).exp())),
+        UnaryOp::Tanh => map(l, s, |v| v[1].tanh()),
         // erf has no std implementation: the reference's series, in f64.
-        UnaryOp::Gelu => |x: C| C::c(scalar::unary(UnaryOp::Gelu, x.to_f64())),
-        UnaryOp::GeluGrad => |x: C| C::c(scalar::unary(UnaryOp::GeluGrad, x.to_f64())),
+        UnaryOp::Gelu | UnaryOp::GeluGrad => map(l, s, |v| C::c(scalar::unary(op, v[1].to_f64()))),
     }
 }
 
 pub(crate) fn unary(op: UnaryOp, x: &Data, xl: &Layout, out: &Layout) -> Data {
     with_compute!(x.dtype(), C => {
         let src = as_compute::<C>(x);
-        let f = unary_fn::<C>(op);
-        from_compute(x.dtype(), map([out, xl], [&[], &src], |v| f(v[1])))
+        from_compute(x.dtype(), unary_kernel(op, &src, xl, out))
     })
 }
 
@@ -172,6 +173,7 @@ fn binary_kernel<C: Real>(
                 v[2]
             }
         }),
+        BinaryOp::ReluGrad => map(l, s, |v| if v[1] > C::ZERO { v[2] } else { C::ZERO }),
         BinaryOp::Eq => map(l, s, |v| truth(v[1] == v[2])),
         BinaryOp::Ne => map(l, s, |v| truth(v[1] != v[2])),
         BinaryOp::Lt => map(l, s, |v| truth(v[1] < v[2])),

@@ -199,8 +199,8 @@ fn unary_grad(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor>
         UnaryOp::Log => g.div(x),
         UnaryOp::Sqrt => g.div(&y.mul_scalar(2.0)?),
         UnaryOp::Rsqrt => g.mul(&y.mul(y)?.mul(y)?.mul_scalar(-0.5)?),
-        // One select instead of mask → cast → multiply: two fewer full passes per ReLU.
-        UnaryOp::Relu => Tensor::where_(&x.gt_scalar(0.0)?, g, &g.scalar_like(0.0)?),
+        // One pass (mask, cast and select would be three, and a mask buffer).
+        UnaryOp::Relu => x.binary(BinaryOp::ReluGrad, g),
         UnaryOp::Gelu => g.mul(&x.unary(UnaryOp::GeluGrad)?),
         UnaryOp::GeluGrad => Err(TensorError::Autograd(
             "gelu_grad has no backward (second derivatives of GELU are not supported)".into(),
@@ -229,6 +229,11 @@ fn binary_grad(
         ),
         BinaryOp::Maximum => (g.mul(&mask(a.ge(b)?)?)?, g.mul(&mask(a.lt(b)?)?)?),
         BinaryOp::Minimum => (g.mul(&mask(a.le(b)?)?)?, g.mul(&mask(a.gt(b)?)?)?),
+        BinaryOp::ReluGrad => {
+            return Err(TensorError::Autograd(
+                "relu_grad has no backward (second derivatives of ReLU are not supported)".into(),
+            ))
+        }
         _ => unreachable!("comparisons are not recorded"),
     })
 }
@@ -259,6 +264,13 @@ pub(crate) mod reference {
     pub fn binary(op: BinaryOp, a: f64, b: f64) -> f64 {
         let truth = |c: bool| c as u8 as f64;
         match op {
+            BinaryOp::ReluGrad => {
+                if a > 0.0 {
+                    b
+                } else {
+                    0.0
+                }
+            }
             BinaryOp::Add => a + b,
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,

@@ -34,6 +34,7 @@ pub(crate) fn binary_expr(op: BinaryOp) -> &'static str {
         BinaryOp::Pow => "pow(a, b)",
         BinaryOp::Maximum => "max(a, b)",
         BinaryOp::Minimum => "min(a, b)",
+        BinaryOp::ReluGrad => "select(0.0, b, a > 0.0)",
         BinaryOp::Eq => "select(0.0, 1.0, a == b)",
         BinaryOp::Ne => "select(0.0, 1.0, a != b)",
         BinaryOp::Lt => "select(0.0, 1.0, a < b)",
