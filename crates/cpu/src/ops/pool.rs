@@ -209,6 +209,9 @@ pub(crate) fn max_pool2d_grad(
     p: &Pool2dParams,
     out: &Layout,
 ) -> Data {
+    if is_channels_last(gl) && is_channels_last(out) {
+        return max_pool2d_grad_channels_last(g, gl, at, p, out);
+    }
     let plane = Plane::new(out.shape(), gl.shape(), p);
     let per_out = plane.ho * plane.wo;
     with_compute!(g.dtype(), C => {
@@ -216,6 +219,45 @@ pub(crate) fn max_pool2d_grad(
             gx[at[i * per_out + oy * plane.wo + ox]] += v;
         });
         let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
+        from_compute(g.dtype(), values)
+    })
+}
+
+/// [`max_pool2d_grad`] from a channels-last gradient into a channels-last input gradient,
+/// without the plane walk's strided reads and the relayout after it. One task per image (windows
+/// overlap across output rows); within it each channel's gradients are added in the plane walk's
+/// order (output rows, then columns), so the sums are bit for bit the same.
+fn max_pool2d_grad_channels_last(
+    g: &Data,
+    gl: &Layout,
+    at: &[usize],
+    p: &Pool2dParams,
+    out: &Layout,
+) -> Data {
+    let plane = Plane::new(out.shape(), gl.shape(), p);
+    let (n, c) = (out.shape()[0], out.shape()[1]);
+    let (ho, wo, per_in) = (plane.ho, plane.wo, plane.h * plane.w);
+    with_compute!(g.dtype(), C => {
+        let src = as_compute::<C>(g);
+        let mut values = zeros::<C>(n * per_in * c);
+        let vo = Disjoint::new(&mut values);
+        parallel::for_parts(n, parallel::parts_for(n * per_in * c, 1 << 14), |_, images| {
+            for b in images {
+                // SAFETY: each image's input gradient is written by one part.
+                let gx = unsafe { vo.slice(b * per_in * c..(b + 1) * per_in * c) };
+                for oy in 0..ho {
+                    let g_row = &src[(b * ho + oy) * wo * c..][..wo * c];
+                    for ch in 0..c {
+                        // Positions are NCHW over the output shape: this channel's row is
+                        // contiguous.
+                        let pos = &at[((b * c + ch) * ho + oy) * wo..][..wo];
+                        for (ox, &at) in pos.iter().enumerate() {
+                            gx[at * c + ch] += g_row[ox * c + ch];
+                        }
+                    }
+                }
+            }
+        });
         from_compute(g.dtype(), values)
     })
 }
@@ -242,4 +284,50 @@ fn route<C: Real>(
         }
     });
     values
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The channels-last max-pool gradient equals the plane walk's bit for bit, with
+    /// overlapping windows (3×3, stride 2, padding 1) so that positions collect several adds.
+    #[test]
+    fn channels_last_max_pool_grad_matches_the_plane_walk() {
+        let (n, c, h, w) = (3, 5, 9, 7);
+        let p = Pool2dParams {
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: [1, 1],
+        };
+        let (ho, wo) = (5, 4);
+        let x: Vec<f32> = (0..n * c * h * w).map(|i| ((i * 37) % 11) as f32).collect();
+        let gv: Vec<f32> = (0..n * c * ho * wo)
+            .map(|i| ((i * 13) % 7) as f32 * 0.1 + 0.01)
+            .collect();
+        let (xs, gs) = ([n, c, h, w], [n, c, ho, wo]);
+        let nchw = |s: &[usize]| Layout::contiguous(s);
+        let cl = |s: &[usize]| Layout::channels_last(s).expect("rank 4");
+        // Positions from the NCHW forward (row-major over the output shape, as the API says).
+        let (_, at) = max_pool2d(&Data::F32(x.clone()), &nchw(&xs), &p, &nchw(&gs));
+        let Data::I64(at) = at else {
+            panic!("positions are i64")
+        };
+        let at: Vec<usize> = at.iter().map(|&v| v as usize).collect();
+        let plain = max_pool2d_grad(&Data::F32(gv.clone()), &nchw(&gs), &at, &p, &nchw(&xs));
+        let g_cl = relayout(&gv, &nchw(&gs), &cl(&gs));
+        let fast = max_pool2d_grad(&Data::F32(g_cl), &cl(&gs), &at, &p, &cl(&xs));
+        let (Data::F32(plain), Data::F32(fast)) = (plain, fast) else {
+            panic!("f32 out")
+        };
+        let fast = relayout(&fast, &cl(&xs), &nchw(&xs));
+        assert!(
+            plain.iter().any(|&v| v > 0.2),
+            "some positions collect several adds"
+        );
+        assert_eq!(
+            plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
 }
