@@ -328,19 +328,40 @@ pub(crate) struct PackedB {
 impl PackedB {
     /// # Safety
     /// `b` with strides `[rsb, csb]` addresses a valid `[k, n]` matrix.
+    #[cfg(test)]
     pub unsafe fn new(b: *const f32, [rsb, csb]: [isize; 2], k: usize, n: usize) -> Self {
-        let mut data = vec![0.0; n.div_ceil(NR) * NR * k];
         // SAFETY: the caller's contract.
-        unsafe {
-            pack_b(
-                &mut data,
-                |p| Some(b.wrapping_offset(p as isize * rsb)),
-                csb,
-                0,
-                k,
-                n,
-            )
-        };
+        unsafe { Self::from_rows(|p| b.wrapping_offset(p as isize * rsb), csb, k, n) }
+    }
+
+    /// B whose row `p` starts at `row(p)` with columns `csb` apart: a matrix read in place
+    /// from another layout (a convolution's OIHW weights), without a relayout pass first.
+    /// Packed panel by panel, so the reads advance along `n` rows at once rather than all.
+    ///
+    /// # Safety
+    /// For `p < k` and `j < n`, `row(p) + j·csb` is readable.
+    pub unsafe fn from_rows(
+        row: impl Fn(usize) -> *const f32,
+        csb: isize,
+        k: usize,
+        n: usize,
+    ) -> Self {
+        let mut data = vec![0.0; n.div_ceil(NR) * NR * k];
+        for (jp, panel) in data.chunks_mut(NR * k.max(1)).enumerate() {
+            let cols = NR.min(n - jp * NR);
+            for (p, dst) in panel.chunks_mut(NR).enumerate() {
+                let src = row(p).wrapping_offset((jp * NR) as isize * csb);
+                if csb == 1 {
+                    // SAFETY: as below, `cols` contiguous values.
+                    dst[..cols].copy_from_slice(unsafe { std::slice::from_raw_parts(src, cols) });
+                    continue;
+                }
+                for (j, v) in dst[..cols].iter_mut().enumerate() {
+                    // SAFETY: the caller's contract (p < k, jp·NR + j < n).
+                    *v = unsafe { *src.offset(j as isize * csb) };
+                }
+            }
+        }
         Self { k, n, data }
     }
 }

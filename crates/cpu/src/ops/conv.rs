@@ -21,6 +21,7 @@ use crate::buffer::{
 use crate::ops::elementwise::{dense, Dense};
 use crate::ops::matmul::{gemm_rows, Mat, SharedB};
 use crate::parallel::{self, Disjoint};
+use crate::sgemm::PackedB;
 
 mod implicit;
 
@@ -154,35 +155,178 @@ impl Geom {
     }
 }
 
-/// The GEMM matrix `[KH·KW·O, C]` of the flipped, transposed kernel:
-/// row `(ky, kx, o)`, column `c` holds `w[o, c, KH-1-ky, KW-1-kx]`.
-fn flipped_matrix<C: Real>(w: &[C], wl: &Layout) -> Vec<C> {
-    let s = wl.shape();
-    let (o, c, kh, kw) = (s[0], s[1], s[2], s[3]);
-    let mut out = zeros::<C>(o * c * kh * kw);
-    for ky in 0..kh {
-        for kx in 0..kw {
-            for oo in 0..o {
-                for cc in 0..c {
-                    let at = wl.offset()
-                        + oo * wl.strides()[0]
-                        + cc * wl.strides()[1]
-                        + (kh - 1 - ky) * wl.strides()[2]
-                        + (kw - 1 - kx) * wl.strides()[3];
-                    out[((ky * kw + kx) * o + oo) * c + cc] = w[at];
-                }
-            }
-        }
-    }
-    out
+/// A convolution's OIHW weights as the GEMM's B matrix: `[KH·KW·C/g, O]` (row `(ky, kx, c)`)
+/// for the forward pass, or `flipped` — `[KH·KW·O, C]`, row `(ky, kx, o)` holding
+/// `w[o, c, KH-1-ky, KW-1-kx]` — for an input gradient computed as a convolution. Read in place
+/// where the GEMM allows (packed straight from OIHW, or a strided view of a 1×1 kernel), so a
+/// step does not relayout every weight on the way in.
+#[derive(Clone, Copy)]
+struct Weights<'a, C> {
+    data: &'a [C],
+    l: &'a Layout,
+    flipped: bool,
 }
 
-/// The weight `[O, C/g, KH, KW]` as the GEMM matrix `[KH·KW·C/g, O]` (row-major).
-fn weight_matrix<'a, C: Real>(w: &'a [C], wl: &Layout) -> Dense<'a, C> {
-    let s = wl.shape();
-    let order = Layout::contiguous(&[s[2], s[3], s[1], s[0]]);
-    let permuted = wl.permute(&[2, 3, 1, 0]).unwrap_or_else(|_| order.clone());
-    dense(w, &permuted, &order)
+impl<'a, C: Real> Weights<'a, C> {
+    fn new(data: &'a [C], l: &'a Layout, flipped: bool) -> Self {
+        Self { data, l, flipped }
+    }
+
+    /// `(O, C/g, KH, KW)`.
+    fn dims(&self) -> [usize; 4] {
+        let s = self.l.shape();
+        [s[0], s[1], s[2], s[3]]
+    }
+
+    fn rows(&self) -> usize {
+        let [o, cg, kh, kw] = self.dims();
+        kh * kw * if self.flipped { o } else { cg }
+    }
+
+    fn cols(&self) -> usize {
+        let [o, cg, ..] = self.dims();
+        if self.flipped {
+            cg
+        } else {
+            o
+        }
+    }
+
+    /// Where row `p` of B starts in `data`.
+    fn row(&self, p: usize) -> usize {
+        let [o, cg, kh, kw] = self.dims();
+        let st = self.l.strides();
+        if self.flipped {
+            let (tap, oo) = (p / o, p % o);
+            let (ky, kx) = (tap / kw, tap % kw);
+            self.l.offset() + oo * st[0] + (kh - 1 - ky) * st[2] + (kw - 1 - kx) * st[3]
+        } else {
+            let (tap, c) = (p / cg, p % cg);
+            let (ky, kx) = (tap / kw, tap % kw);
+            self.l.offset() + c * st[1] + ky * st[2] + kx * st[3]
+        }
+    }
+
+    /// The distance between B's columns in `data`.
+    fn col_stride(&self) -> usize {
+        self.l.strides()[if self.flipped { 1 } else { 0 }]
+    }
+
+    /// B packed for our GEMM kernels straight from the weights (f32 only).
+    fn packed(&self) -> Option<PackedB> {
+        let data = C::as_f32(self.data)?;
+        let (rows, cols) = (self.rows(), self.cols());
+        if rows == 0 || cols == 0 {
+            return None;
+        }
+        let st = self.l.strides();
+        let last = self.l.offset()
+            + self
+                .dims()
+                .iter()
+                .zip(st)
+                .map(|(&d, &s)| (d - 1) * s)
+                .sum::<usize>();
+        assert!(last < data.len(), "conv: weights out of bounds");
+        // SAFETY: every row(p) + j·col_stride is an element of the weight layout, whose
+        // largest address `last` lies in `data` (checked above).
+        Some(unsafe {
+            PackedB::from_rows(
+                |p| data.as_ptr().wrapping_add(self.row(p)),
+                self.col_stride() as isize,
+                rows,
+                cols,
+            )
+        })
+    }
+
+    /// B as a matrix: a strided view of a 1×1 kernel (one stride per axis), else a dense
+    /// row-major copy.
+    fn matrix(&self) -> WeightMatrix<'a, C> {
+        let [o, cg, kh, kw] = self.dims();
+        let st = self.l.strides();
+        if kh == 1 && kw == 1 {
+            let strides = if self.flipped {
+                [st[0], st[1]]
+            } else {
+                [st[1], st[0]]
+            };
+            return WeightMatrix {
+                data: Dense::Borrowed(self.data),
+                offset: self.l.offset(),
+                strides,
+            };
+        }
+        let (rows, cols) = (self.rows(), self.cols());
+        if !self.flipped {
+            // [O, C/g, KH, KW] → [KH, KW, C/g, O] by the parallel relayout.
+            let order = Layout::contiguous(&[kh, kw, cg, o]);
+            let permuted = self
+                .l
+                .permute(&[2, 3, 1, 0])
+                .unwrap_or_else(|_| order.clone());
+            return WeightMatrix {
+                data: dense(self.data, &permuted, &order),
+                offset: 0,
+                strides: [cols, 1],
+            };
+        }
+        let mut dense = overwritten::<C>(rows * cols);
+        for (p, row) in dense.chunks_mut(cols.max(1)).enumerate() {
+            let (at, step) = (self.row(p), self.col_stride());
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = self.data[at + j * step];
+            }
+        }
+        WeightMatrix {
+            data: Dense::Owned(dense),
+            offset: 0,
+            strides: [cols, 1],
+        }
+    }
+}
+
+/// B `[K, N]` of [`Weights::matrix`]: data, offset and strides.
+struct WeightMatrix<'a, C: Real> {
+    data: Dense<'a, C>,
+    offset: usize,
+    strides: [usize; 2],
+}
+
+impl<C: Real> WeightMatrix<'_, C> {
+    /// B's columns from `first` on (a group's block).
+    fn block(&self, first: usize) -> Mat<'_, C> {
+        Mat {
+            data: &self.data,
+            offset: self.offset + first * self.strides[1],
+            strides: self.strides,
+        }
+    }
+
+    /// The transpose of [`WeightMatrix::block`]: `[N, K]` from column `first` on.
+    fn block_t(&self, first: usize) -> Mat<'_, C> {
+        Mat {
+            data: &self.data,
+            offset: self.offset + first * self.strides[1],
+            strides: [self.strides[1], self.strides[0]],
+        }
+    }
+}
+
+/// Sums `count` partial weight gradients, each the matrix `[KH·KW·C/g, O]`, in part order
+/// (into the first), and returns the sum as OIHW.
+fn sum_into_oihw<C: Real>(g: &Geom, parts: &mut [C], count: usize) -> Vec<C> {
+    let (k, o) = (g.k(), g.o);
+    let (first, rest) = parts[..count * k * o].split_at_mut(k * o);
+    for part in rest.chunks(k * o) {
+        for (a, &b) in first.iter_mut().zip(part) {
+            *a += b;
+        }
+    }
+    // [KH, KW, C/g, O] back to OIHW.
+    let shape = [o, g.cg, g.kh, g.kw];
+    let view = Layout::new(shape.to_vec(), vec![1, o, g.kw * g.cg * o, g.cg * o], 0);
+    dense(first, &view, &Layout::contiguous(&shape)).into_owned()
 }
 
 /// A channels-last (NHWC) copy of a logically NCHW view, borrowed when it already is one.
@@ -232,31 +376,25 @@ pub(crate) fn conv2d(
     with_compute!(x.dtype(), C => {
         let g = Geom::new(xl.shape(), wl.shape(), out.shape(), p);
         let (xs, ws) = (as_compute::<C>(x), as_compute::<C>(w));
-        let y = forward::<C>(arena, &g, &nhwc(&xs, xl), &weight_matrix(&ws, wl));
+        let y = forward::<C>(arena, &g, &nhwc(&xs, xl), Weights::new(&ws, wl, false));
         finish(x.dtype(), y, out)
     })
 }
 
-fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], wmat: &[C]) -> Vec<C> {
+fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], w: Weights<'_, C>) -> Vec<C> {
     if implicit::eligible(g) && !g.pointwise() {
-        if let (Some(x), Some(w)) = (C::as_f32(x), C::as_f32(wmat)) {
-            return C::from_f32s(implicit::forward(g, x, w));
+        if let (Some(x), Some(b)) = (C::as_f32(x), w.packed()) {
+            return C::from_f32s(implicit::forward(g, x, &b));
         }
     }
+    let wm = w.matrix();
     let (rows, k, o) = (g.pixels(), g.k(), g.o);
     let tile = g.tile_rows::<C>();
     let mut y = overwritten::<C>(rows * o);
     let out = Disjoint::new(&mut y);
     // The weights are packed once and shared by every tile and thread.
     let weights: Vec<SharedB<C>> = (0..g.p.groups)
-        .map(|grp| {
-            let b = Mat {
-                data: wmat,
-                offset: grp * g.og,
-                strides: [o, 1],
-            };
-            SharedB::new(b, k, g.og)
-        })
+        .map(|grp| SharedB::new(wm.block(grp * g.og), k, g.og))
         .collect();
     tiles(rows, tile, |_, range| {
         let mut cols = arena.take::<C>(if g.pointwise() { 0 } else { tile * k });
@@ -302,14 +440,14 @@ pub(crate) fn conv2d_input_grad(
         let dx = match g.transposed() {
             // Stride 1, one group: the gradient is itself a convolution — of g by the flipped,
             // transposed kernel — so it runs on the forward path (no col2im scatter).
-            Some(t) => forward::<C>(arena, &t, &nhwc(&gs, gl), &flipped_matrix(&ws, wl)),
-            None => input_grad::<C>(arena, &g, &nhwc(&gs, gl), &weight_matrix(&ws, wl)),
+            Some(t) => forward::<C>(arena, &t, &nhwc(&gs, gl), Weights::new(&ws, wl, true)),
+            None => input_grad::<C>(arena, &g, &nhwc(&gs, gl), Weights::new(&ws, wl, false)),
         };
         finish(gy.dtype(), dx, out)
     })
 }
 
-fn input_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, gy: &[C], wmat: &[C]) -> Vec<C> {
+fn input_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, gy: &[C], w: Weights<'_, C>) -> Vec<C> {
     let (rows, k, o, c) = (g.pixels(), g.k(), g.o, g.c);
     let tile = g.tile_rows::<C>();
     // Pointwise: every element is written by the GEMMs (no fill pass); else col2im adds into it.
@@ -320,14 +458,14 @@ fn input_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, gy: &[C], wmat: &[C]) -
     };
     let out = Disjoint::new(&mut dx);
     // wmatᵀ of each group, [og, k] (pointwise: k = cg), packed once for every tile and thread.
+    let wm = w.matrix();
     let wt: Vec<SharedB<C>> = (0..g.p.groups)
         .map(|grp| {
-            let b = Mat {
-                data: wmat,
-                offset: grp * g.og,
-                strides: [1, o],
-            };
-            SharedB::new(b, g.og, if g.pointwise() { g.cg } else { k })
+            SharedB::new(
+                wm.block_t(grp * g.og),
+                g.og,
+                if g.pointwise() { g.cg } else { k },
+            )
         })
         .collect();
     if g.pointwise() {
@@ -416,12 +554,8 @@ pub(crate) fn conv2d_weight_grad(
     with_compute!(x.dtype(), C => {
         let g = Geom::new(xl.shape(), weight_shape, gl.shape(), p);
         let (xs, gs) = (as_compute::<C>(x), as_compute::<C>(gy));
-        let dwmat = weight_grad::<C>(arena, &g, &nhwc(&xs, xl), &nhwc(&gs, gl));
-        // [KH, KW, C/g, O] back to OIHW.
-        let (o, cg, kw) = (g.o, g.cg, g.kw);
-        let view = Layout::new(weight_shape.to_vec(), vec![1, o, kw * cg * o, cg * o], 0);
-        let values = dense(&dwmat, &view, &Layout::contiguous(weight_shape)).into_owned();
-        from_compute(x.dtype(), values)
+        let dw = weight_grad::<C>(arena, &g, &nhwc(&xs, xl), &nhwc(&gs, gl));
+        from_compute(x.dtype(), dw)
     })
 }
 
@@ -476,14 +610,9 @@ fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> 
         }
     });
     // Partials summed in part order: fixed for a given thread count.
-    let (first, rest) = partials.split_at_mut(k * o);
-    for part in rest.chunks(k * o) {
-        for (a, &b) in first.iter_mut().zip(part) {
-            *a += b;
-        }
-    }
-    partials.truncate(k * o);
-    partials
+    let dw = sum_into_oihw(g, &mut partials, parts);
+    recycle(partials);
+    dw
 }
 
 /// A 1×1 convolution's weight gradient, per group `dW[cg, og] = xᵀ[cg, pixels] · gy[pixels,
@@ -518,5 +647,7 @@ fn pointwise_weight_grad<C: Real>(g: &Geom, x: &[C], gy: &[C]) -> Vec<C> {
             b.gemm_rows(a, rows, g.og, channels, dst, o, false);
         });
     }
-    dw
+    let oihw = sum_into_oihw(g, &mut dw, 1);
+    recycle(dw);
+    oihw
 }

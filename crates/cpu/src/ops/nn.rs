@@ -55,6 +55,25 @@ pub(crate) fn checked_index(
     axis: usize,
     len: usize,
 ) -> Result<Vec<usize>> {
+    let out_of_range = |k: &dyn std::fmt::Display| {
+        TensorError::Shape(format!(
+            "index {k} is out of range for axis {axis} of length {len}"
+        ))
+    };
+    // The usual case (positions an op just produced): dense i64, read as it is — no f64 copy.
+    if let Data::I64(v) = index {
+        if *il == Layout::contiguous(il.shape()) {
+            return v
+                .iter()
+                .map(|&k| {
+                    usize::try_from(k)
+                        .ok()
+                        .filter(|&k| k < len)
+                        .ok_or_else(|| out_of_range(&k))
+                })
+                .collect();
+        }
+    }
     let values = dense(
         &as_compute::<f64>(index),
         il,
@@ -65,9 +84,7 @@ pub(crate) fn checked_index(
         .into_iter()
         .map(|k| {
             if k < 0.0 || k as usize >= len {
-                Err(TensorError::Shape(format!(
-                    "index {k} is out of range for axis {axis} of length {len}"
-                )))
+                Err(out_of_range(&k))
             } else {
                 Ok(k as usize)
             }

@@ -86,11 +86,9 @@ fn tasks(g: &Geom, wp: usize, f: impl Fn(usize, usize, usize) + Sync) {
 }
 
 /// NHWC output `[N, Ho, Wo, O]` of `x` (NHWC) by the weight matrix `[KH·KW·C, O]`.
-pub(super) fn forward(g: &Geom, x: &[f32], wmat: &[f32]) -> Vec<f32> {
+pub(super) fn forward(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
     let xp = pad(g, x);
     let (o, wp) = (g.o, xp.wp);
-    // SAFETY: wmat is the row-major [K, O] weight matrix.
-    let b = unsafe { PackedB::new(wmat.as_ptr(), [o as isize, 1], g.k(), o) };
     let mut y = overwritten::<f32>(g.n * g.ho * g.wo * o);
     let out = Disjoint::new(&mut y);
     tasks(g, wp, |image, q0, rows| {
@@ -109,14 +107,14 @@ pub(super) fn forward(g: &Geom, x: &[f32], wmat: &[f32]) -> Vec<f32> {
         // SAFETY: reads stay in the padded input and its slack; writes as above.
         unsafe {
             let a = xp.data.as_ptr().add(image * xp.per_image + q0 * g.c);
-            sgemm::implicit(rows, a, g.c, &xp.taps, g.c, &b, c_row, 0.0);
+            sgemm::implicit(rows, a, g.c, &xp.taps, g.c, b, c_row, 0.0);
         }
         drop(scratch);
     });
     y
 }
 
-/// The weight gradient as the matrix `[KH·KW·C, O]`, from NHWC `x` and NHWC `gy`.
+/// The weight gradient (OIHW), from NHWC `x` and NHWC `gy`.
 pub(super) fn weight_grad(arena: &Arena, g: &Geom, x: &[f32], gy: &[f32]) -> Vec<f32> {
     let xp = pad(g, x);
     let (o, wp, k) = (g.o, xp.wp, g.k());
@@ -146,11 +144,5 @@ pub(super) fn weight_grad(arena: &Arena, g: &Geom, x: &[f32], gy: &[f32]) -> Vec
             }
         }
     });
-    let mut total = partials[..k * o].to_vec();
-    for part in partials[k * o..].chunks(k * o) {
-        for (a, &b) in total.iter_mut().zip(part) {
-            *a += b;
-        }
-    }
-    total
+    super::sum_into_oihw(g, &mut partials, parts)
 }
