@@ -268,14 +268,21 @@ impl Tensor {
         };
         // A leaf's gradient is updated in place (unscaling, clipping, the optimizer ops read
         // it whole, element for element with the leaf): make sure it is a whole dense storage
-        // in the leaf's own memory order (or row-major) that nothing else shares — the
+        // in the leaf's own memory order (row-major for a leaf that is not dense) that nothing else shares — the
         // backward of `a + b` hands one tensor to both inputs.
         let (gl, own) = (grad.layout(), self.layout());
         let same_order = gl.is_contiguous() || (gl.is_dense() && gl.strides() == own.strides());
         let owned = same_order
             && grad.storage().len() == grad.numel()
             && Arc::strong_count(grad.storage()) == 1;
-        let grad = if owned { grad } else { grad.contiguous_copy()? };
+        // The copy keeps the leaf's memory order (PyTorch's layout contract for a leaf's
+        // gradient): a channels-last input's gradient stays channels-last — a straight copy,
+        // not a transposing one.
+        let grad = if owned {
+            grad
+        } else {
+            grad.convert_to(grad.dtype(), own.output_like())?.detach()
+        };
         let mut slot = self.0.grad.lock().unwrap_or_else(|p| p.into_inner());
         let total = match slot.take() {
             Some(previous) => previous.add(&grad)?.detach(),

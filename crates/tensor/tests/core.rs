@@ -109,6 +109,31 @@ fn a_tensor_used_twice_gets_both_contributions() {
 }
 
 #[test]
+fn a_channels_last_leaf_gets_a_channels_last_gradient() {
+    // Used twice, so its gradient is shared and must be copied: in the leaf's own memory order
+    // (PyTorch's layout contract), not transposed to row-major.
+    let dev = Device::reference();
+    let values: Vec<f64> = (0..2 * 3 * 2 * 2).map(|i| i as f64).collect();
+    let x = t(&values, &[2, 3, 2, 2], &dev)
+        .to_channels_last()
+        .unwrap()
+        .with_requires_grad(true);
+    x.add(&x)
+        .unwrap()
+        .sum(&[], false)
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g = x.grad().unwrap();
+    assert!(
+        g.is_channels_last(),
+        "gradient strides {:?}",
+        g.layout().strides()
+    );
+    assert_eq!(g.to_f64_vec().unwrap(), vec![2.0; values.len()]);
+}
+
+#[test]
 fn no_grad_and_detach_stop_the_tape() {
     let dev = Device::reference();
     let x = t(&[1., 2.], &[2], &dev).with_requires_grad(true);
