@@ -261,17 +261,22 @@ impl Tensor {
     }
 
     pub(crate) fn accumulate_grad(&self, grad: Tensor) -> Result<()> {
-        let grad = if grad.shape() == self.shape() && grad.dtype() == self.dtype() {
+        let fresh = if grad.shape() == self.shape() && grad.dtype() == self.dtype() {
             grad.detach()
         } else {
             grad.sum_to(self.shape())?.cast(self.dtype())?.detach()
         };
+        // The handle passed in shares the storage with `fresh`: let it go, so that a gradient
+        // nothing else holds is kept as it is instead of copied (every parameter, every step).
+        drop(grad);
+        let grad = fresh;
         // A leaf's gradient is updated in place (unscaling, clipping, the optimizer ops read
         // it whole, element for element with the leaf): make sure it is a whole dense storage
-        // in the leaf's own memory order (row-major for a leaf that is not dense) that nothing else shares — the
-        // backward of `a + b` hands one tensor to both inputs.
-        let (gl, own) = (grad.layout(), self.layout());
-        let same_order = gl.is_contiguous() || (gl.is_dense() && gl.strides() == own.strides());
+        // in the leaf's own memory order (row-major for a leaf that is not dense) that nothing
+        // else shares — the backward of `a + b` hands one tensor to both inputs.
+        let (gl, want) = (grad.layout(), self.layout().output_like());
+        let same_order =
+            gl.strides() == want.strides() || (gl.is_contiguous() && want.is_contiguous());
         let owned = same_order
             && grad.storage().len() == grad.numel()
             && Arc::strong_count(grad.storage()) == 1;
@@ -281,7 +286,7 @@ impl Tensor {
         let grad = if owned {
             grad
         } else {
-            grad.convert_to(grad.dtype(), own.output_like())?.detach()
+            grad.convert_to(grad.dtype(), want)?.detach()
         };
         let mut slot = self.0.grad.lock().unwrap_or_else(|p| p.into_inner());
         let total = match slot.take() {
