@@ -411,6 +411,66 @@ pub(crate) unsafe fn implicit(
     }
 }
 
+/// [`implicit`] with a pointer per output row: `row_i = Σ_t Σ_s a_row(i)[taps[t] + s] ·
+/// B[t·run + s, :]` (plus `beta · row_i`) for rows `0..m`, written at `c + i·ldc`. Rows need not
+/// be evenly spaced, so a convolution computes only its real outputs (none over the padded
+/// width) and any stride is one row pointer per output pixel. Runs the AVX2 kernel (AVX-512
+/// CPUs have it too).
+///
+/// # Safety
+/// AVX2 + FMA; for `i < m`, every `a_row(i) + taps[t] + s` is readable; `c + i·ldc`
+/// points at `B.n` writable values that overlap nothing read here.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn implicit_rows(
+    m: usize,
+    a_row: impl Fn(usize) -> *const f32,
+    taps: &[usize],
+    run: usize,
+    b: &PackedB,
+    c: *mut f32,
+    ldc: usize,
+    beta: f32,
+) {
+    assert_eq!(
+        taps.len() * run,
+        b.k,
+        "implicit gemm: taps x run must be B's rows"
+    );
+    if m == 0 {
+        return;
+    }
+    for ip in 0..m.div_ceil(MR) {
+        let rows = MR.min(m - ip * MR);
+        // A ragged tile repeats its last row: every address read is a real row's.
+        let a: [*const f32; MR] = std::array::from_fn(|i| a_row((ip * MR + i).min(m - 1)));
+        for jp in 0..b.n.div_ceil(NR) {
+            let cols = NR.min(b.n - jp * NR);
+            // SAFETY: the caller's contract; the panel holds k·NR values; the tile's rows that
+            // are stored (`rows` of them) lie in c.
+            unsafe {
+                let panel = b.data.as_ptr().add(jp * NR * b.k);
+                let tile = rows_of(c.add(ip * MR * ldc + jp * NR), ldc as isize);
+                kernel_rows_avx2(&a, taps, run, panel, &tile, beta, rows, cols);
+            }
+        }
+    }
+}
+
+/// Whether [`implicit_rows`] runs on this CPU (AVX2 + FMA).
+#[cfg(test)]
+pub(crate) fn has_rows_kernel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[cfg(test)]
+        if let Some(forced) = FORCED.with(|f| f.get()) {
+            return forced.is_some();
+        }
+        available() && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The weight gradient of [`implicit`]: `dw[t·run + s, :] += Σ_{q<m} a[q·lda + taps[t] + s] ·
 /// g_q`, where `g_row(q)` is row `q` of the output gradient (`n` values) or None for a dropped
 /// row (zeros), and `dw` is row-major `[taps·run, n]`.
@@ -892,6 +952,85 @@ unsafe fn accumulate_avx2<const DIRECT: bool, const LDA: usize>(
     acc
 }
 
+/// The 12×32 tile of [`implicit_rows`] as [`kernel_avx2`]'s four 6×16 passes, A row `i` read
+/// at `a[i] + taps[t] + s`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_rows_avx2(
+    a: &[*const f32; MR],
+    taps: &[usize],
+    run: usize,
+    b: *const f32,
+    c_rows: &[*mut f32; MR],
+    beta: f32,
+    rows: usize,
+    cols: usize,
+) {
+    for r0 in (0..rows).step_by(MR2) {
+        let sub: [*const f32; MR2] = std::array::from_fn(|i| a[r0 + i]);
+        for c0 in (0..cols).step_by(NR2) {
+            // SAFETY: the caller's contract, for the sub-tile's rows and columns.
+            let acc = unsafe { accumulate_rows_avx2(&sub, taps, run, b.add(c0)) };
+            let (n_rows, n_cols) = (MR2.min(rows - r0), NR2.min(cols - c0));
+            for (i, row) in acc.iter().enumerate().take(n_rows) {
+                let at = c_rows[r0 + i].wrapping_add(c0);
+                // SAFETY: (r0 + i, c0..c0 + n_cols) is inside c.
+                unsafe { store_row_avx2(at, 1, row, n_cols, beta) };
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_rows_avx2(
+    _: &[*const f32; MR],
+    _: &[usize],
+    _: usize,
+    _: *const f32,
+    _: &[*mut f32; MR],
+    _: f32,
+    _: usize,
+    _: usize,
+) {
+    unreachable!("has_rows_kernel() is false off x86_64")
+}
+
+/// The 6×16 FMA loop of [`kernel_rows_avx2`]: six row pointers, each advanced by the tap.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline(never)]
+unsafe fn accumulate_rows_avx2(
+    rows: &[*const f32; MR2],
+    taps: &[usize],
+    run: usize,
+    b: *const f32,
+) -> [[__m256; 2]; MR2] {
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR2];
+    let mut p = 0;
+    for &tap in taps {
+        let r: [*const f32; MR2] = std::array::from_fn(|i| rows[i].wrapping_add(tap));
+        for step in 0..run {
+            // SAFETY: the B panel holds taps·run rows of NR (this sub-tile reads 16 of them).
+            let bv = unsafe {
+                [
+                    _mm256_loadu_ps(b.add(p * NR)),
+                    _mm256_loadu_ps(b.add(p * NR + 8)),
+                ]
+            };
+            for (row, &ptr) in acc.iter_mut().zip(&r) {
+                // SAFETY: the caller's contract (row i's tap run is readable).
+                let ai = _mm256_set1_ps(unsafe { *ptr.add(step) });
+                row[0] = _mm256_fmadd_ps(ai, bv[0], row[0]);
+                row[1] = _mm256_fmadd_ps(ai, bv[1], row[1]);
+            }
+            p += 1;
+        }
+    }
+    acc
+}
+
 /// The row pointers of a tile at `c` with row stride `rsc`.
 fn rows_of(c: *mut f32, rsc: isize) -> [*mut f32; MR] {
     std::array::from_fn(|i| c.wrapping_offset(i as isize * rsc))
@@ -1012,6 +1151,53 @@ mod tests {
     /// A 1-D convolution as implicit GEMM: output row `i` (of `m`, `n` channels) is
     /// `Σ_t Σ_s x[i + t·dilation][s] · w[t·run + s]` over a signal of `lda`-wide rows read in
     /// place; and its weight gradient. Every ISA this CPU runs, ragged m, n and channel counts.
+    #[test]
+    fn implicit_gemm_with_row_pointers_matches_plain_loops() {
+        if !has_rows_kernel() {
+            eprintln!("no AVX2 + FMA: implicit_rows does not run on this CPU");
+            return;
+        }
+        // Rows read out of order and unevenly spaced (as a strided convolution's are), ragged m
+        // and n, taps within and across rows.
+        for (m, run, lda, n, taps) in [
+            (29, 5, 7, 33, vec![0, 7, 14]),
+            (13, 64, 64, 64, vec![0, 64, 128]),
+            (40, 3, 3, 20, vec![0, 3, 6, 9, 12]),
+            (6, 8, 8, 16, vec![0]),
+        ] {
+            let spots = 3 * m + taps.len() + 2;
+            let x: Vec<f32> = (0..spots * lda)
+                .map(|i| ((i * 7 % 17) as f32 - 8.0) / 9.0)
+                .collect();
+            let row_of = |i: usize| (i * 5 + i / 3) % (2 * m + 1);
+            let k = taps.len() * run;
+            let w: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 3 % 13) as f32 - 6.0) / 7.0)
+                .collect();
+            let ldc = n + 3;
+            let mut out = vec![0.5f32; m * ldc];
+            unsafe {
+                let packed = PackedB::new(w.as_ptr(), [n as isize, 1], k, n);
+                let a_row = |i: usize| x.as_ptr().add(row_of(i) * lda);
+                implicit_rows(m, a_row, &taps, run, &packed, out.as_mut_ptr(), ldc, 1.0);
+            }
+            for i in 0..m {
+                for j in 0..ldc {
+                    let mut want = 0.5f32;
+                    if j < n {
+                        for t in 0..taps.len() {
+                            for s in 0..run {
+                                want += x[row_of(i) * lda + taps[t] + s] * w[(t * run + s) * n + j];
+                            }
+                        }
+                    }
+                    let got = out[i * ldc + j];
+                    assert!((got - want).abs() < 1e-3, "out[{i},{j}] {got} vs {want}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn implicit_gemm_and_its_weight_gradient_match_plain_loops() {
         for isa in supported() {

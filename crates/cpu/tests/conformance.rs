@@ -118,6 +118,23 @@ fn convolutions_over_several_tiles_and_threads() {
         },
         false,
     );
+    // Strided 3×3 layers with padding (on AVX2: implicit GEMM with a row pointer per output
+    // pixel), odd sizes, an uneven stride with dilation.
+    for cl in [false, true] {
+        let s2 = Conv2dParams {
+            stride: [2, 2],
+            padding: [1, 1],
+            ..Default::default()
+        };
+        conv_case([3, 16, 15, 13], [24, 16, 3, 3], s2, cl);
+    }
+    let uneven = Conv2dParams {
+        stride: [2, 3],
+        padding: [2, 1],
+        dilation: [2, 1],
+        ..Default::default()
+    };
+    conv_case([2, 32, 17, 19], [20, 32, 3, 3], uneven, true);
     // Stride 1 with dilation, a non-square kernel and uneven padding (the implicit-GEMM path).
     let dilated = Conv2dParams {
         padding: [2, 1],

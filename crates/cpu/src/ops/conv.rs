@@ -560,7 +560,7 @@ pub(crate) fn conv2d_weight_grad(
 }
 
 fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> Vec<C> {
-    if implicit::eligible(g) && !g.pointwise() {
+    if implicit::eligible_weight_grad(g) && !g.pointwise() {
         if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
             return C::from_f32s(implicit::weight_grad(arena, g, x, gy));
         }

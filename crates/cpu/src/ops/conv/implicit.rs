@@ -19,9 +19,31 @@ const TASK_ROWS: usize = 12 * 16;
 /// Rows of slack kept readable past an image (the kernel reads whole 12-row tiles).
 const SLACK_ROWS: usize = 12;
 
-/// Whether `g` runs here.
+/// Whether `g`'s forward runs here: stride 1, or any stride on AVX2 (the row-pointer path).
 pub(super) fn eligible(g: &Geom) -> bool {
+    // (A strided layer with few input channels, the stem's 3, has 3-step runs per tap: im2col
+    // serves it better.)
+    g.p.groups == 1 && sgemm::available() && (g.p.stride == [1, 1] || (rows_path() && g.c >= 16))
+}
+
+/// Whether `g`'s weight gradient runs here (stride 1).
+pub(super) fn eligible_weight_grad(g: &Geom) -> bool {
     g.p.stride == [1, 1] && g.p.groups == 1 && sgemm::available()
+}
+
+/// Forward passes on AVX2 CPUs compute only real outputs, one A row pointer per output pixel
+/// (`sgemm::implicit_rows`): no work over the padded width (22% of a 7×7 layer's) and any
+/// stride. AVX-512 CPUs keep the padded-width path on their wider kernel.
+fn rows_path() -> bool {
+    sgemm::isa() == Some(sgemm::Isa::Avx2)
+}
+
+/// Each kernel tap's offset into an NHWC input whose rows are `wp` pixels wide.
+fn tap_offsets(g: &Geom, wp: usize) -> Vec<usize> {
+    let [dh, dw] = g.p.dilation;
+    (0..g.kh)
+        .flat_map(|ky| (0..g.kw).map(move |kx| ((ky * dh) * wp + kx * dw) * g.c))
+        .collect()
 }
 
 /// The padded input and the tap offsets into it.
@@ -34,7 +56,7 @@ struct Padded {
 
 fn pad(g: &Geom, x: &[f32]) -> Padded {
     let [ph, pw] = g.p.padding;
-    let [dh, dw] = g.p.dilation;
+    let [_, dw] = g.p.dilation;
     let (hp, wp, c) = (g.h + 2 * ph, g.w + 2 * pw, g.c);
     let per_image = hp * wp * c;
     let slack = (SLACK_ROWS + dw * (g.kw - 1) + 1) * c;
@@ -63,9 +85,7 @@ fn pad(g: &Geom, x: &[f32]) -> Padded {
         },
     );
     data[g.n * per_image..].fill(0.0);
-    let taps = (0..g.kh)
-        .flat_map(|ky| (0..g.kw).map(move |kx| ((ky * dh) * wp + kx * dw) * c))
-        .collect();
+    let taps = tap_offsets(g, wp);
     Padded {
         data,
         wp,
@@ -87,6 +107,9 @@ fn tasks(g: &Geom, wp: usize, f: impl Fn(usize, usize, usize) + Sync) {
 
 /// NHWC output `[N, Ho, Wo, O]` of `x` (NHWC) by the weight matrix `[KH·KW·C, O]`.
 pub(super) fn forward(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
+    if rows_path() {
+        return forward_rows(g, x, b);
+    }
     let xp = pad(g, x);
     let (o, wp) = (g.o, xp.wp);
     let mut y = overwritten::<f32>(g.n * g.ho * g.wo * o);
@@ -110,6 +133,37 @@ pub(super) fn forward(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
             sgemm::implicit(rows, a, g.c, &xp.taps, g.c, b, c_row, 0.0);
         }
         drop(scratch);
+    });
+    y
+}
+
+/// [`forward`] over the real outputs only: output pixel `r` reads its receptive field at
+/// `row(r) + tap`, where `row(r)` is its top-left input pixel (strided) in the padded input —
+/// or in `x` itself when there is no padding.
+fn forward_rows(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
+    let padded = (g.p.padding != [0, 0]).then(|| pad(g, x));
+    let (src, wp, per_image, taps) = match &padded {
+        Some(p) => (&p.data[..], p.wp, p.per_image, p.taps.clone()),
+        None => (x, g.w, g.h * g.w * g.c, tap_offsets(g, g.w)),
+    };
+    let (o, [sh, sw]) = (g.o, g.p.stride);
+    let m = g.n * g.ho * g.wo;
+    let mut y = overwritten::<f32>(m * o);
+    let out = Disjoint::new(&mut y);
+    parallel::for_each_task(m.div_ceil(TASK_ROWS), |t| {
+        let (r0, base) = (t * TASK_ROWS, src.as_ptr());
+        let a_row = |i: usize| {
+            let r = r0 + i;
+            let (ox, rest) = (r % g.wo, r / g.wo);
+            let (oy, image) = (rest % g.ho, rest / g.ho);
+            base.wrapping_add(image * per_image + (oy * sh * wp + ox * sw) * g.c)
+        };
+        // SAFETY: each output pixel's receptive field lies in `src` (padded, or unpadded with
+        // every tap inside the input); tasks write disjoint rows of y.
+        unsafe {
+            let c = out.ptr().add(r0 * o);
+            sgemm::implicit_rows(TASK_ROWS.min(m - r0), a_row, &taps, g.c, b, c, o, 0.0);
+        }
     });
     y
 }
