@@ -833,27 +833,47 @@ unsafe fn kernel_avx2<const DIRECT: bool>(
     rows: usize,
     cols: usize,
 ) {
-    for r0 in (0..rows).step_by(MR2) {
-        // Rows r0.. of the tile: MR2 rows down a row-major A, MR2 values along a packed one.
-        let shift = if DIRECT { r0 * a.lda } else { r0 };
-        let sub = ASrc {
-            ptr: a.ptr.wrapping_add(shift),
-            ..a
-        };
-        for c0 in (0..cols).step_by(NR2) {
-            // SAFETY: the caller's contract, for the sub-tile's rows and columns.
-            let acc = unsafe {
-                let b = b.add(c0);
-                match (DIRECT, a.lda) {
-                    (false, MR) => accumulate_avx2::<false, MR>(sub, b),
-                    (false, _) => accumulate_avx2::<false, 0>(sub, b),
-                    (true, 64) => accumulate_avx2::<true, 64>(sub, b),
-                    (true, 128) => accumulate_avx2::<true, 128>(sub, b),
-                    (true, 256) => accumulate_avx2::<true, 256>(sub, b),
-                    (true, 512) => accumulate_avx2::<true, 512>(sub, b),
-                    (true, _) => accumulate_avx2::<true, 0>(sub, b),
-                }
+    // SAFETY: the caller's contract, for each sub-tile's rows and columns.
+    unsafe {
+        passes_avx2(c_rows, csc, beta, rows, cols, |r0, c0| {
+            // Rows r0.. of the tile: MR2 rows down a row-major A, MR2 values along a packed one.
+            let shift = if DIRECT { r0 * a.lda } else { r0 };
+            let sub = ASrc {
+                ptr: a.ptr.wrapping_add(shift),
+                ..a
             };
+            let b = b.add(c0);
+            match (DIRECT, a.lda) {
+                (false, MR) => accumulate_avx2::<false, MR>(sub, b),
+                (false, _) => accumulate_avx2::<false, 0>(sub, b),
+                (true, 64) => accumulate_avx2::<true, 64>(sub, b),
+                (true, 128) => accumulate_avx2::<true, 128>(sub, b),
+                (true, 256) => accumulate_avx2::<true, 256>(sub, b),
+                (true, 512) => accumulate_avx2::<true, 512>(sub, b),
+                (true, _) => accumulate_avx2::<true, 0>(sub, b),
+            }
+        })
+    }
+}
+
+/// The 12×32 tile as 6×16 passes: `pass(r0, c0)` accumulates the sub-tile at rows `r0..`,
+/// columns `c0..`, stored here; passes a ragged edge leaves empty are skipped.
+///
+/// # Safety
+/// Each `pass` is safe to call for the tile's sub-tiles; the tile lies within c.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn passes_avx2(
+    c_rows: &[*mut f32; MR],
+    csc: isize,
+    beta: f32,
+    rows: usize,
+    cols: usize,
+    pass: impl Fn(usize, usize) -> [[__m256; 2]; MR2],
+) {
+    for r0 in (0..rows).step_by(MR2) {
+        for c0 in (0..cols).step_by(NR2) {
+            let acc = pass(r0, c0);
             let (n_rows, n_cols) = (MR2.min(rows - r0), NR2.min(cols - c0));
             for (i, row) in acc.iter().enumerate().take(n_rows) {
                 let at = c_rows[r0 + i].wrapping_offset(c0 as isize * csc);
@@ -967,18 +987,12 @@ unsafe fn kernel_rows_avx2(
     rows: usize,
     cols: usize,
 ) {
-    for r0 in (0..rows).step_by(MR2) {
-        let sub: [*const f32; MR2] = std::array::from_fn(|i| a[r0 + i]);
-        for c0 in (0..cols).step_by(NR2) {
-            // SAFETY: the caller's contract, for the sub-tile's rows and columns.
-            let acc = unsafe { accumulate_rows_avx2(&sub, taps, run, b.add(c0)) };
-            let (n_rows, n_cols) = (MR2.min(rows - r0), NR2.min(cols - c0));
-            for (i, row) in acc.iter().enumerate().take(n_rows) {
-                let at = c_rows[r0 + i].wrapping_add(c0);
-                // SAFETY: (r0 + i, c0..c0 + n_cols) is inside c.
-                unsafe { store_row_avx2(at, 1, row, n_cols, beta) };
-            }
-        }
+    // SAFETY: the caller's contract, for each sub-tile's rows and columns.
+    unsafe {
+        passes_avx2(c_rows, 1, beta, rows, cols, |r0, c0| {
+            let sub: [*const f32; MR2] = std::array::from_fn(|i| a[r0 + i]);
+            accumulate_rows_avx2(&sub, taps, run, b.add(c0))
+        })
     }
 }
 
@@ -994,7 +1008,7 @@ unsafe fn kernel_rows_avx2(
     _: usize,
     _: usize,
 ) {
-    unreachable!("has_rows_kernel() is false off x86_64")
+    unreachable!("implicit_rows runs only on x86_64 with AVX2 + FMA")
 }
 
 /// The 6×16 FMA loop of [`kernel_rows_avx2`]: six row pointers, each advanced by the tap.
