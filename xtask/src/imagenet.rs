@@ -212,6 +212,7 @@ fn print_table(r: &Value) {
         f("step_p90_ms")
     );
     let b = &r["breakdown_p50_ms"];
+    println!("  breakdown (p50, {})", s("phase_clock"));
     let total: f64 = [
         "data_wait",
         "host_to_device",

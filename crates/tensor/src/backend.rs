@@ -30,7 +30,7 @@ use std::ops::Deref;
 use redline_hostmem::PooledBuffer;
 
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 
 /// Device memory: an opaque handle. Only the backend that made it can look inside.
@@ -111,6 +111,13 @@ impl Deref for HostBytes {
         }
     }
 }
+
+/// One reading of a device's clock ([`Backend::timestamp`]): the slot the device writes it to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timestamp(pub u32);
+
+/// How many timestamps a device keeps before reusing a slot (a few hundred steps' phases).
+pub const TIMESTAMP_SLOTS: u32 = 1024;
 
 /// A device-to-host copy in flight, from [`Backend::download_async`]: [`wait`](Self::wait)
 /// blocks until the bytes are on the host. Dropping it without waiting is allowed.
@@ -448,6 +455,27 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Waits until every enqueued op has finished.
     fn synchronize(&self) -> Result<()>;
+
+    /// Enqueues a reading of the device's clock, taken when every op enqueued before it has
+    /// finished (a CUDA event, a Vulkan timestamp query), and returns without waiting. `None`
+    /// where the device has no such clock — or needs none: a backend whose ops run
+    /// synchronously is timed exactly by the host's clock, which is the default.
+    fn timestamp(&self) -> Result<Option<Timestamp>> {
+        Ok(None)
+    }
+
+    /// The readings of `stamps` in nanoseconds on the device's clock (only differences mean
+    /// anything), waiting until the device has taken them. A reading can be read until
+    /// [`TIMESTAMP_SLOTS`] later ones have been taken.
+    fn read_timestamps(&self, stamps: &[Timestamp]) -> Result<Vec<u64>> {
+        if stamps.is_empty() {
+            return Ok(Vec::new());
+        }
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "this device takes no timestamps".into(),
+        })
+    }
 
     // --- op families --------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::{Backend, Op};
+use crate::backend::{Backend, Op, Timestamp};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 
@@ -45,6 +45,17 @@ impl Device {
     /// Waits for all enqueued work.
     pub fn synchronize(&self) -> Result<()> {
         self.0.synchronize()
+    }
+
+    /// Enqueues a reading of the device clock after the work enqueued so far
+    /// ([`Backend::timestamp`]); `None` where host timers are exact (synchronous backends).
+    pub fn timestamp(&self) -> Result<Option<Timestamp>> {
+        self.0.timestamp()
+    }
+
+    /// The nanosecond readings of `stamps`, once the device has taken them.
+    pub fn read_timestamps(&self, stamps: &[Timestamp]) -> Result<Vec<u64>> {
+        self.0.read_timestamps(stamps)
     }
 }
 

@@ -19,6 +19,8 @@ pub struct Summary {
     pub phase_p50_ms: [f64; 5],
     /// Share of the measured time spent waiting for data (0..1).
     pub data_stall: f64,
+    /// Every step's device phases came from device timestamps (else host timers).
+    pub device_clock: bool,
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -43,6 +45,7 @@ impl Summary {
             step_p90_ms: percentile(&totals, 90.0),
             phase_p50_ms,
             data_stall: if all > 0.0 { wait / all } else { 0.0 },
+            device_clock: !steps.is_empty() && steps.iter().all(|s| s.device_clock),
         }
     }
 
@@ -60,6 +63,11 @@ impl Summary {
             "step_p90_ms": self.step_p90_ms,
             "breakdown_p50_ms": breakdown,
             "data_stall": self.data_stall,
+            "phase_clock": if self.device_clock {
+                "device timestamps"
+            } else {
+                "host timer after synchronising"
+            },
         })
     }
 }
@@ -181,6 +189,7 @@ mod tests {
     fn step(ms: [u64; 5]) -> StepTimes {
         StepTimes {
             phases: ms.map(Duration::from_millis),
+            device_clock: false,
         }
     }
 
@@ -198,6 +207,15 @@ mod tests {
         assert_eq!(s.phase_p50_ms, [10.0, 5.0, 30.0, 60.0, 5.0]);
         let j = s.to_json();
         assert_eq!(j["breakdown_p50_ms"]["backward"], 60.0);
+        assert_eq!(j["phase_clock"], "host timer after synchronising");
+        let timed = steps.map(|s| StepTimes {
+            device_clock: true,
+            ..s
+        });
+        assert_eq!(
+            Summary::new(&timed, 8).to_json()["phase_clock"],
+            "device timestamps"
+        );
     }
 
     #[test]

@@ -1,11 +1,14 @@
-//! Where a step's time goes. Each phase ends with a device synchronisation, so an asynchronous
-//! device's queued work is charged to the phase that issued it (as `torch.cuda.synchronize()`
-//! around each phase does); on the CPU backend every op is already synchronous, and the
-//! synchronisation costs nothing.
+//! Where a step's time goes. Waiting for data is host time. The device phases are timed on the
+//! device where it can: each ends with a timestamp enqueued behind its work (a CUDA event, a
+//! Vulkan timestamp query), all read once when the step ends — what the device spent on each
+//! phase, with no synchronisation between phases to stall the queue (host timers around
+//! asynchronous calls would only time the enqueueing). A device that takes no timestamps runs
+//! its ops synchronously (the CPU backend): there each phase ends with a synchronisation, which
+//! costs nothing, and a host timer, which is exact.
 
 use std::time::{Duration, Instant};
 
-use redline_tensor::{Device, Result};
+use redline_tensor::{Device, Result, Timestamp};
 
 /// The phases of a training step, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +48,9 @@ impl Phase {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTimes {
     pub phases: [Duration; 5],
+    /// The device phases were read from device timestamps (else host timers after
+    /// synchronising).
+    pub device_clock: bool,
 }
 
 impl StepTimes {
@@ -57,29 +63,75 @@ impl StepTimes {
     }
 }
 
-/// Times consecutive phases of one step.
-pub(crate) struct PhaseClock<'a> {
+/// Times consecutive phases of one step: [`lap_host`](Self::lap_host) ends a phase of host
+/// work, [`lap`](Self::lap) one of device work, [`finish`](Self::finish) gives the times.
+pub struct PhaseClock<'a> {
     device: &'a Device,
     last: Instant,
-    pub times: StepTimes,
+    times: StepTimes,
+    /// Where the device phases begin on the device's clock (`None`: it takes no timestamps).
+    opened: Option<Timestamp>,
+    /// The device phases ended so far, each with its closing timestamp.
+    closed: Vec<(Phase, Timestamp)>,
 }
 
 impl<'a> PhaseClock<'a> {
-    pub fn start(device: &'a Device) -> Self {
-        Self {
+    pub fn start(device: &'a Device) -> Result<Self> {
+        Ok(Self {
             device,
             last: Instant::now(),
             times: StepTimes::default(),
-        }
+            opened: device.timestamp()?,
+            closed: Vec::new(),
+        })
     }
 
-    /// Ends `phase`: waits for the device, then charges the time since the previous lap.
-    pub fn lap(&mut self, phase: Phase) -> Result<()> {
-        self.device.synchronize()?;
+    fn charge_host_time(&mut self, phase: Phase) {
         let now = Instant::now();
         self.times.phases[phase as usize] += now - self.last;
         self.last = now;
+    }
+
+    /// Ends `phase`, spent on the host (the device has nothing of it): the device phases
+    /// open after it.
+    pub fn lap_host(&mut self, phase: Phase) -> Result<()> {
+        self.charge_host_time(phase);
+        if self.closed.is_empty() {
+            self.opened = self.device.timestamp()?;
+        }
         Ok(())
+    }
+
+    /// Ends `phase`, which enqueued device work: a timestamp behind that work, or (without
+    /// timestamps) a synchronisation and the host time since the previous lap.
+    pub fn lap(&mut self, phase: Phase) -> Result<()> {
+        if self.opened.is_some() {
+            if let Some(stamp) = self.device.timestamp()? {
+                self.closed.push((phase, stamp));
+                return Ok(());
+            }
+        }
+        self.device.synchronize()?;
+        self.charge_host_time(phase);
+        Ok(())
+    }
+
+    /// The step's times: device phases are read from their timestamps (waiting until the
+    /// device has taken the last).
+    pub fn finish(mut self) -> Result<StepTimes> {
+        let Some(opened) = self.opened.filter(|_| !self.closed.is_empty()) else {
+            return Ok(self.times);
+        };
+        let stamps: Vec<Timestamp> = std::iter::once(opened)
+            .chain(self.closed.iter().map(|&(_, s)| s))
+            .collect();
+        let ns = self.device.read_timestamps(&stamps)?;
+        for (&(phase, _), pair) in self.closed.iter().zip(ns.windows(2)) {
+            self.times.phases[phase as usize] +=
+                Duration::from_nanos(pair[1].saturating_sub(pair[0]));
+        }
+        self.times.device_clock = true;
+        Ok(self.times)
     }
 }
 
@@ -99,6 +151,22 @@ pub fn percentile(values: &[f64], p: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_synchronous_device_is_timed_by_the_host_clock() {
+        // The reference backend takes no timestamps: every phase is host time.
+        let device = Device::reference();
+        let mut clock = PhaseClock::start(&device).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        clock.lap_host(Phase::DataWait).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        clock.lap(Phase::Forward).unwrap();
+        let times = clock.finish().unwrap();
+        assert!(!times.device_clock);
+        assert!(times.get(Phase::DataWait) >= Duration::from_millis(5));
+        assert!(times.get(Phase::Forward) >= Duration::from_millis(5));
+        assert!(times.get(Phase::Backward).is_zero());
+    }
 
     #[test]
     fn percentiles_match_numpy() {

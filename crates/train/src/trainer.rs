@@ -259,14 +259,14 @@ impl Trainer {
         batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
     ) -> Result<Step> {
         let device = self.device.clone();
-        let mut clock = PhaseClock::start(&device);
+        let mut clock = PhaseClock::start(&device)?;
         let batch = batches.next().ok_or(TrainError::NoData)??;
         let images = batch.len;
         self.position = Position {
             epoch: batch.position.epoch,
             index: batch.position.index + batch.len,
         };
-        clock.lap(Phase::DataWait)?;
+        clock.lap_host(Phase::DataWait)?;
         let inputs = self.upload(batch)?;
         clock.lap(Phase::HostToDevice)?;
         let loss = self.forward(&inputs)?;
@@ -277,7 +277,7 @@ impl Trainer {
         self.update()?;
         clock.lap(Phase::Optimizer)?;
         Ok(Step {
-            times: clock.times,
+            times: clock.finish()?,
             loss: loss.detach(),
             lr,
             images,

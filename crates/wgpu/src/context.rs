@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redline_tensor::{Download, Result, TensorError};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use redline_tensor::{Download, Result, TensorError, TIMESTAMP_SLOTS};
 
 /// Ops encoded before a submit is forced (downloads and uploads also flush).
 const OPS_PER_SUBMIT: usize = 64;
@@ -72,6 +74,19 @@ impl BufferPool {
     }
 }
 
+/// The device's clock: timestamp queries written between commands (where the adapter offers
+/// them inside encoders), a ring of `TIMESTAMP_SLOTS` slots.
+struct Clock {
+    queries: wgpu::QuerySet,
+    /// Where readings are resolved to, one per `QUERY_RESOLVE_BUFFER_ALIGNMENT` bytes.
+    resolved: wgpu::Buffer,
+    next: AtomicU32,
+    /// Nanoseconds per tick.
+    period: f64,
+}
+
+const RESOLVE_STRIDE: u64 = wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT;
+
 /// Work encoded but not yet submitted, and the op parameters it refers to.
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
@@ -90,6 +105,7 @@ pub(crate) struct Context {
     /// The parameter ring of the batch being encoded (grown when a batch needs more).
     ring: Mutex<wgpu::Buffer>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    clock: Option<Clock>,
     error: Arc<Mutex<Option<String>>>,
 }
 
@@ -97,11 +113,15 @@ impl Context {
     pub(crate) fn new(adapter: &wgpu::Adapter) -> Result<Self> {
         let info = adapter.get_info();
         let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
-        let required_features = if f16 {
-            wgpu::Features::SHADER_F16
-        } else {
-            wgpu::Features::empty()
-        };
+        let timestamps =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        let mut required_features = wgpu::Features::empty();
+        if f16 {
+            required_features |= wgpu::Features::SHADER_F16;
+        }
+        if adapter.features().contains(timestamps) {
+            required_features |= timestamps;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("redline"),
             required_features,
@@ -125,7 +145,24 @@ impl Context {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let clock = required_features.contains(timestamps).then(|| Clock {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("redline timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: TIMESTAMP_SLOTS,
+            }),
+            resolved: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("redline timestamps resolved"),
+                size: u64::from(TIMESTAMP_SLOTS) * RESOLVE_STRIDE,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            next: AtomicU32::new(0),
+            period: f64::from(queue.get_timestamp_period()),
+        });
+        let clock = clock.filter(|c| c.period > 0.0);
         Ok(Self {
+            clock,
             device,
             queue,
             info,
@@ -281,6 +318,63 @@ impl Context {
         pending.params.clear();
         self.check_error()?;
         Ok(index)
+    }
+
+    /// Encodes a timestamp after everything encoded so far and returns its slot; `None` when
+    /// the adapter has no timestamp queries inside encoders.
+    pub(crate) fn timestamp(&self) -> Option<u32> {
+        let clock = self.clock.as_ref()?;
+        let slot = clock.next.fetch_add(1, Ordering::Relaxed) % TIMESTAMP_SLOTS;
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let device = &self.device;
+        pending
+            .encoder
+            .get_or_insert_with(|| device.create_command_encoder(&Default::default()))
+            .write_timestamp(&clock.queries, slot);
+        Some(slot)
+    }
+
+    /// The readings in `slots`, in nanoseconds; waits for the device to take them.
+    pub(crate) fn read_timestamps(&self, slots: &[u32]) -> Result<Vec<u64>> {
+        let clock = (self.clock.as_ref())
+            .ok_or_else(|| self.fail("this adapter offers no timestamp queries"))?;
+        if slots.is_empty() {
+            return Ok(Vec::new());
+        }
+        if slots.len() > TIMESTAMP_SLOTS as usize {
+            return Err(self.fail(format!(
+                "{} timestamps read at once; at most {TIMESTAMP_SLOTS}",
+                slots.len()
+            )));
+        }
+        if let Some(bad) = slots.iter().find(|&&s| s >= TIMESTAMP_SLOTS) {
+            return Err(self.fail(format!(
+                "timestamp slot {bad} (there are {TIMESTAMP_SLOTS})"
+            )));
+        }
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let device = &self.device;
+            let encoder = pending
+                .encoder
+                .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+            for (i, &slot) in slots.iter().enumerate() {
+                let at = i as u64 * RESOLVE_STRIDE;
+                encoder.resolve_query_set(&clock.queries, slot..slot + 1, &clock.resolved, at);
+            }
+        }
+        // The copy is queued after the resolves; a later read resolves into the same buffer
+        // only after this copy has run (one queue, in order).
+        let bytes = self
+            .read_async(&clock.resolved, slots.len() as u64 * RESOLVE_STRIDE)?
+            .wait()?;
+        Ok(bytes
+            .chunks(RESOLVE_STRIDE as usize)
+            .map(|tick| {
+                let ticks = u64::from_le_bytes(tick[..8].try_into().expect("8 bytes"));
+                (ticks as f64 * clock.period).round() as u64
+            })
+            .collect())
     }
 
     /// Submits everything encoded so far.

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use redline_tensor::backend::{
     AdamWParams, Backend, BinaryOp, Conv2dParams, Download, HostBytes, Op, OtherOp, Pool2dParams,
-    ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
+    ReduceOp, ScalerParams, SgdParams, Storage, Timestamp, UnaryOp, View,
 };
 use redline_tensor::{DType, Device, Layout, Result, TensorError};
 
@@ -231,6 +231,15 @@ impl Backend for WgpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.ctx.wait()
+    }
+
+    fn timestamp(&self) -> Result<Option<Timestamp>> {
+        Ok(self.ctx.timestamp().map(Timestamp))
+    }
+
+    fn read_timestamps(&self, stamps: &[Timestamp]) -> Result<Vec<u64>> {
+        let slots: Vec<u32> = stamps.iter().map(|s| s.0).collect();
+        self.ctx.read_timestamps(&slots)
     }
 
     fn unary(&self, op: UnaryOp, x: View<'_>, out: &Layout) -> Result<Storage> {

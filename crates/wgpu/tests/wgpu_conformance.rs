@@ -74,6 +74,74 @@ fn many_ops_per_submit_and_buffers_are_recycled() {
 
 #[test]
 #[ignore = "hardware suite: cargo xtask test runs it"]
+fn timestamps_are_taken_in_queue_order_and_bracket_the_work_between_them() {
+    let Some((device, adapter)) = device() else {
+        return;
+    };
+    let Some(before) = device.timestamp().unwrap() else {
+        // Allowed by the trait, but lavapipe and every Vulkan GPU offer them: say so loudly.
+        panic!("{adapter:?} takes no timestamps inside encoders");
+    };
+    let host = std::time::Instant::now();
+    // Enough work that the device clock must move: a 96³ matmul, then ten more ops.
+    let values: Vec<f32> = (0..96 * 96).map(|i| (i % 7) as f32).collect();
+    let x = Tensor::from_slice(&values, &[96, 96], &device).unwrap();
+    let mut y = x.matmul(&x).unwrap();
+    let middle = device.timestamp().unwrap().expect("a second timestamp");
+    for _ in 0..10 {
+        y = y.add(&x).unwrap();
+    }
+    let after = device.timestamp().unwrap().expect("a third timestamp");
+    let ns = device.read_timestamps(&[before, middle, after]).unwrap();
+    let host_ns = host.elapsed().as_nanos() as u64;
+    assert!(
+        ns[0] < ns[1] && ns[1] < ns[2],
+        "readings out of order: {ns:?}"
+    );
+    // The device work happened between the host's first enqueue and its read.
+    assert!(
+        ns[2] - ns[0] <= host_ns,
+        "device {ns:?} vs host {host_ns} ns"
+    );
+    // Reading again gives the same values; a slot that does not exist is refused by name.
+    assert_eq!(device.read_timestamps(&[middle]).unwrap(), [ns[1]]);
+    let bad = redline_tensor::Timestamp(redline_tensor::TIMESTAMP_SLOTS);
+    let err = device.read_timestamps(&[bad]).unwrap_err().to_string();
+    assert!(err.contains("timestamp slot"), "{err}");
+    drop(y);
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn the_phase_clock_times_device_phases_from_timestamps() {
+    use redline_train::{Phase, PhaseClock};
+    let Some((device, _)) = device() else { return };
+    let values: Vec<f32> = (0..96 * 96).map(|i| (i % 5) as f32).collect();
+    let x = Tensor::from_slice(&values, &[96, 96], &device).unwrap();
+    device.synchronize().unwrap();
+    let mut clock = PhaseClock::start(&device).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    clock.lap_host(Phase::DataWait).unwrap();
+    let y = x.matmul(&x).unwrap();
+    clock.lap(Phase::Forward).unwrap();
+    let z = y.matmul(&x).unwrap().matmul(&x).unwrap();
+    clock.lap(Phase::Backward).unwrap();
+    let times = clock.finish().unwrap();
+    assert!(
+        times.device_clock,
+        "wgpu phases are read from device timestamps"
+    );
+    assert!(times.get(Phase::DataWait) >= std::time::Duration::from_millis(20));
+    // The device spent time on each phase's work; phases with no work (host-to-device,
+    // optimizer) got none.
+    assert!(!times.get(Phase::Forward).is_zero(), "{times:?}");
+    assert!(!times.get(Phase::Backward).is_zero(), "{times:?}");
+    assert!(times.get(Phase::HostToDevice).is_zero() && times.get(Phase::Optimizer).is_zero());
+    drop(z);
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
 fn downloads_run_asynchronously_and_see_exactly_the_ops_before_them() {
     let Some((device, _)) = device() else { return };
     let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2], &device).unwrap();
