@@ -326,43 +326,80 @@ pub(crate) struct PackedB {
 }
 
 impl PackedB {
+    /// Panels of [`Self::PANEL`] columns (the last one zero-padded).
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(NR)
+    }
+
     /// # Safety
     /// `b` with strides `[rsb, csb]` addresses a valid `[k, n]` matrix.
     #[cfg(test)]
     pub unsafe fn new(b: *const f32, [rsb, csb]: [isize; 2], k: usize, n: usize) -> Self {
         // SAFETY: the caller's contract.
-        unsafe { Self::from_rows(|p| b.wrapping_offset(p as isize * rsb), csb, k, n) }
+        // (An address, so the row function can be shared across threads.)
+        let b = b as usize;
+        unsafe {
+            Self::from_rows(
+                |p| (b as *const f32).wrapping_offset(p as isize * rsb),
+                csb,
+                k,
+                n,
+            )
+        }
     }
 
     /// B whose row `p` starts at `row(p)` with columns `csb` apart: a matrix read in place
     /// from another layout (a convolution's OIHW weights), without a relayout pass first.
-    /// Packed panel by panel, so the reads advance along `n` rows at once rather than all.
+    /// Packed panel by panel, so the reads advance along `n` rows at once rather than all, and
+    /// threads split the panels (a deep layer's B is megabytes gathered element by element:
+    /// alone, one thread packing it left the other idle for a tenth of the layer).
     ///
     /// # Safety
     /// For `p < k` and `j < n`, `row(p) + j·csb` is readable.
     pub unsafe fn from_rows(
-        row: impl Fn(usize) -> *const f32,
+        row: impl Fn(usize) -> *const f32 + Sync,
         csb: isize,
         k: usize,
         n: usize,
     ) -> Self {
-        let mut data = vec![0.0; n.div_ceil(NR) * NR * k];
-        for (jp, panel) in data.chunks_mut(NR * k.max(1)).enumerate() {
-            let cols = NR.min(n - jp * NR);
-            for (p, dst) in panel.chunks_mut(NR).enumerate() {
-                let src = row(p).wrapping_offset((jp * NR) as isize * csb);
-                if csb == 1 {
-                    // SAFETY: as below, `cols` contiguous values.
-                    dst[..cols].copy_from_slice(unsafe { std::slice::from_raw_parts(src, cols) });
-                    continue;
-                }
-                for (j, v) in dst[..cols].iter_mut().enumerate() {
-                    // SAFETY: the caller's contract (p < k, jp·NR + j < n).
-                    *v = unsafe { *src.offset(j as isize * csb) };
-                }
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0.0; panels * NR * k];
+        let out = crate::parallel::Disjoint::new(&mut data);
+        let parts = crate::parallel::parts_for(panels * k, 1 << 14);
+        crate::parallel::for_parts(panels, parts, |_, range| {
+            for jp in range {
+                // SAFETY: each part writes its own panels.
+                let panel = unsafe { out.slice(jp * NR * k..(jp + 1) * NR * k) };
+                // SAFETY: the caller's contract.
+                unsafe { pack_panel(&row, csb, jp, panel, NR.min(n - jp * NR)) };
             }
-        }
+        });
         Self { k, n, data }
+    }
+}
+
+/// Panel `jp` of [`PackedB::from_rows`]: `cols` columns of every row.
+///
+/// # Safety
+/// As [`PackedB::from_rows`].
+unsafe fn pack_panel(
+    row: &impl Fn(usize) -> *const f32,
+    csb: isize,
+    jp: usize,
+    panel: &mut [f32],
+    cols: usize,
+) {
+    for (p, dst) in panel.chunks_mut(NR).enumerate() {
+        let src = row(p).wrapping_offset((jp * NR) as isize * csb);
+        if csb == 1 {
+            // SAFETY: as below, `cols` contiguous values.
+            dst[..cols].copy_from_slice(unsafe { std::slice::from_raw_parts(src, cols) });
+            continue;
+        }
+        for (j, v) in dst[..cols].iter_mut().enumerate() {
+            // SAFETY: the caller's contract (p < k, jp·NR + j < n).
+            *v = unsafe { *src.offset(j as isize * csb) };
+        }
     }
 }
 
@@ -412,10 +449,11 @@ pub(crate) unsafe fn implicit(
 }
 
 /// [`implicit`] with a pointer per output row: `row_i = Σ_t Σ_s a_row(i)[taps[t] + s] ·
-/// B[t·run + s, :]` (plus `beta · row_i`) for rows `0..m`, written at `c + i·ldc`. Rows need not
-/// be evenly spaced, so a convolution computes only its real outputs (none over the padded
-/// width) and any stride is one row pointer per output pixel. Runs the AVX2 kernel (AVX-512
-/// CPUs have it too).
+/// B[t·run + s, :]` (plus `beta · row_i`) for rows `0..m`, written at `c + i·ldc`, in the
+/// columns of B's `panels` (of 32 columns: a caller splits a few rows' work
+/// across threads by columns). Rows need not be evenly spaced, so a convolution computes only
+/// its real outputs (none over the padded width) and any stride is one row pointer per output
+/// pixel. Runs the AVX2 kernel (AVX-512 CPUs have it too).
 ///
 /// # Safety
 /// AVX2 + FMA; for `i < m`, every `a_row(i) + taps[t] + s` is readable; `c + i·ldc`
@@ -427,34 +465,57 @@ pub(crate) unsafe fn implicit_rows(
     taps: &[usize],
     run: usize,
     b: &PackedB,
+    panels: std::ops::Range<usize>,
     c: *mut f32,
     ldc: usize,
     beta: f32,
 ) {
+    assert!(
+        panels.end <= b.panels(),
+        "implicit gemm: B has {} panels",
+        b.panels()
+    );
     assert_eq!(
         taps.len() * run,
         b.k,
         "implicit gemm: taps x run must be B's rows"
     );
-    if m == 0 {
+    if m == 0 || panels.is_empty() {
         return;
     }
-    for ip in 0..m.div_ceil(MR) {
-        let rows = MR.min(m - ip * MR);
-        // A ragged tile repeats its last row: every address read is a real row's.
-        let a: [*const f32; MR] = std::array::from_fn(|i| a_row((ip * MR + i).min(m - 1)));
-        for jp in 0..b.n.div_ceil(NR) {
-            let cols = NR.min(b.n - jp * NR);
-            // SAFETY: the caller's contract; the panel holds k·NR values; the tile's rows that
-            // are stored (`rows` of them) lie in c.
-            unsafe {
-                let panel = b.data.as_ptr().add(jp * NR * b.k);
-                let tile = rows_of(c.add(ip * MR * ldc + jp * NR), ldc as isize);
-                kernel_rows_avx2(&a, taps, run, panel, &tile, beta, rows, cols);
+    // B in blocks of taps × panels that stay in L2 while every row tile passes over them (the
+    // deep layers' B is megabytes: streamed whole per row tile, it came from L3 or memory);
+    // C is read back once per extra block of taps.
+    let tap_panel = run * NR * std::mem::size_of::<f32>();
+    let group = (B_BLOCK_BYTES / tap_panel).clamp(1, panels.len());
+    let taps_per_block = (B_BLOCK_BYTES / (tap_panel * group)).clamp(1, taps.len());
+    for t0 in (0..taps.len()).step_by(taps_per_block) {
+        let block = &taps[t0..(t0 + taps_per_block).min(taps.len())];
+        let beta = if t0 == 0 { beta } else { 1.0 };
+        for g0 in panels.clone().step_by(group) {
+            let group = g0..(g0 + group).min(panels.end);
+            for ip in 0..m.div_ceil(MR) {
+                let rows = MR.min(m - ip * MR);
+                // A ragged tile repeats its last row: every address read is a real row's.
+                let a: [*const f32; MR] = std::array::from_fn(|i| a_row((ip * MR + i).min(m - 1)));
+                for jp in group.clone() {
+                    let cols = NR.min(b.n - jp * NR);
+                    // SAFETY: the caller's contract; the panel holds k·NR values, this block's
+                    // from row t0·run; the tile's rows that are stored (`rows` of them) lie
+                    // in c.
+                    unsafe {
+                        let panel = b.data.as_ptr().add(jp * NR * b.k + t0 * run * NR);
+                        let tile = rows_of(c.add(ip * MR * ldc + jp * NR), ldc as isize);
+                        kernel_rows_avx2(&a, block, run, panel, &tile, beta, rows, cols);
+                    }
+                }
             }
         }
     }
 }
+
+/// The bytes of B that [`implicit_rows`] keeps in cache across row tiles.
+const B_BLOCK_BYTES: usize = 192 << 10;
 
 /// Whether [`implicit_rows`] runs on this CPU (AVX2 + FMA).
 #[cfg(test)]
@@ -523,6 +584,95 @@ pub(crate) unsafe fn implicit_weight_grad(
                         let a = ASrc {
                             ptr,
                             lda: ld,
+                            taps: &[0],
+                            run: kc,
+                        };
+                        let panel = pb.as_ptr().add(jp * NR * kc);
+                        let tile = rows_of(dw.add(ip * MR * n + jp * NR), n as isize);
+                        kernel::<false>(a, panel, &tile, 1, 1.0, rows, cols);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The weight gradient of [`implicit_rows`] for dw rows `krows` (a range of `taps·run`, its
+/// start a multiple of 12): `dw[t·run + s, :] += Σ_{q<m} a_row(q)[taps[t] + s] · g_row(q)`,
+/// with `dw` row-major `[taps·run, n]`. Every pixel is reached through its row pointer, so only
+/// real outputs count (none over a padded width) and any stride works; both operands are
+/// packed per block of `KC` pixels — A's panels cost `1/n` of the work, so a task can own dw
+/// rows and read every pixel (no partial sums to add up).
+///
+/// # Safety
+/// [`available`]; for `q < m`, every `a_row(q) + taps[t] + s` is readable and `g_row(q)`
+/// covers `n` values; `dw` covers `[taps·run, n]`, overlapping neither; no other thread writes
+/// rows `krows` of `dw`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn implicit_rows_weight_grad(
+    m: usize,
+    a_row: impl Fn(usize) -> *const f32,
+    taps: &[usize],
+    run: usize,
+    g_row: impl Fn(usize) -> *const f32,
+    n: usize,
+    dw: *mut f32,
+    krows: std::ops::Range<usize>,
+) {
+    let k = taps.len() * run;
+    assert!(
+        krows.start.is_multiple_of(MR) && krows.end <= k,
+        "weight gradient rows {krows:?} of {k}"
+    );
+    if m == 0 || krows.is_empty() {
+        return;
+    }
+    let panels = krows.start / MR..krows.end.div_ceil(MR);
+    PACKS.with(|packs| {
+        let (pa, pb) = &mut *packs.borrow_mut();
+        let kc_max = m.min(KC);
+        pb.resize(n.div_ceil(NR) * NR * kc_max, 0.0);
+        pa.resize(panels.len() * MR * kc_max, 0.0);
+        for q0 in (0..m).step_by(KC) {
+            let kc = KC.min(m - q0);
+            // SAFETY: rows q0..q0+kc of g (the caller's contract).
+            unsafe { pack_b(pb, |q| Some(g_row(q)), 1, q0, kc, n) };
+            for (i, ip) in panels.clone().enumerate() {
+                let panel = &mut pa[i * MR * kc..(i + 1) * MR * kc];
+                let r0 = ip * MR;
+                let (t, s0) = (r0 / run, r0 % run);
+                if r0 + MR <= krows.end && s0 + MR <= run {
+                    // Twelve channels of one tap: a copy per pixel.
+                    for (p, dst) in panel.chunks_exact_mut(MR).enumerate() {
+                        // SAFETY: the caller's contract (tap t, channels s0..s0+12).
+                        let src = unsafe { a_row(q0 + p).add(taps[t] + s0) };
+                        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(src, MR) });
+                    }
+                    continue;
+                }
+                // Across a tap boundary or past the last row: element by element, zeros past
+                // krows.
+                let offsets: [Option<usize>; MR] = std::array::from_fn(|i| {
+                    let r = r0 + i;
+                    (r < krows.end).then(|| taps[r / run] + r % run)
+                });
+                for (p, dst) in panel.chunks_exact_mut(MR).enumerate() {
+                    let row = a_row(q0 + p);
+                    for (d, off) in dst.iter_mut().zip(&offsets) {
+                        // SAFETY: the caller's contract.
+                        *d = off.map_or(0.0, |off| unsafe { *row.add(off) });
+                    }
+                }
+            }
+            for jp in 0..n.div_ceil(NR) {
+                let cols = NR.min(n - jp * NR);
+                for (i, ip) in panels.clone().enumerate() {
+                    let rows = MR.min(krows.end - ip * MR);
+                    // SAFETY: the packs hold these panels; the tile lies in dw's rows krows.
+                    unsafe {
+                        let a = ASrc {
+                            ptr: pa.as_ptr().add(i * MR * kc),
+                            lda: MR,
                             taps: &[0],
                             run: kc,
                         };
@@ -1193,7 +1343,11 @@ mod tests {
             unsafe {
                 let packed = PackedB::new(w.as_ptr(), [n as isize, 1], k, n);
                 let a_row = |i: usize| x.as_ptr().add(row_of(i) * lda);
-                implicit_rows(m, a_row, &taps, run, &packed, out.as_mut_ptr(), ldc, 1.0);
+                // In two column ranges, as a caller splitting columns across threads does.
+                let (all, half) = (packed.panels(), packed.panels() / 2);
+                let c = out.as_mut_ptr();
+                implicit_rows(m, a_row, &taps, run, &packed, 0..half, c, ldc, 1.0);
+                implicit_rows(m, a_row, &taps, run, &packed, half..all, c, ldc, 1.0);
             }
             for i in 0..m {
                 for j in 0..ldc {
@@ -1207,6 +1361,60 @@ mod tests {
                     }
                     let got = out[i * ldc + j];
                     assert!((got - want).abs() < 1e-3, "out[{i},{j}] {got} vs {want}");
+                }
+            }
+        }
+    }
+
+    /// The weight gradient through row pointers, its rows split into ranges as threads split
+    /// them: out-of-order rows, more than one block of pixels, panels across tap boundaries,
+    /// ragged n.
+    #[test]
+    fn weight_gradient_with_row_pointers_matches_plain_loops() {
+        if !has_rows_kernel() {
+            eprintln!("no AVX2 + FMA: implicit_rows_weight_grad does not run on this CPU");
+            return;
+        }
+        for (m, run, lda, n, taps) in [
+            (29, 5, 7, 33, vec![0, 7, 14]),
+            (300, 20, 24, 40, vec![0, 24, 48]),
+            (13, 64, 64, 64, vec![0, 64, 128]),
+        ] {
+            let spots = 3 * m + taps.len() + 2;
+            let x: Vec<f32> = (0..spots * lda)
+                .map(|i| ((i * 7 % 17) as f32 - 8.0) / 9.0)
+                .collect();
+            let row_of = |q: usize| (q * 5 + q / 3) % (2 * m + 1);
+            let g: Vec<f32> = (0..m * n)
+                .map(|i| ((i * 3 % 13) as f32 - 6.0) / 7.0)
+                .collect();
+            let k = taps.len() * run;
+            let mut dw = vec![0.25f32; k * n];
+            let split = (k / 2).next_multiple_of(MR).min(k);
+            for rows in [0..split, split..k] {
+                unsafe {
+                    let a_row = |q: usize| x.as_ptr().add(row_of(q) * lda);
+                    let g_row = |q: usize| g.as_ptr().add(q * n);
+                    implicit_rows_weight_grad(
+                        m,
+                        a_row,
+                        &taps,
+                        run,
+                        g_row,
+                        n,
+                        dw.as_mut_ptr(),
+                        rows,
+                    );
+                }
+            }
+            for (r, row) in dw.chunks(n).enumerate() {
+                let (t, s) = (r / run, r % run);
+                for (j, &got) in row.iter().enumerate() {
+                    let want = 0.25
+                        + (0..m)
+                            .map(|q| x[row_of(q) * lda + taps[t] + s] * g[q * n + j])
+                            .sum::<f32>();
+                    assert!((got - want).abs() < 1e-3, "dw[{r},{j}] {got} vs {want}");
                 }
             }
         }

@@ -153,6 +153,34 @@ fn convolutions_over_several_tiles_and_threads() {
 }
 
 #[test]
+fn deep_layers_with_fewer_pixels_than_weight_gradient_rows() {
+    // ResNet's last stages in miniature: fewer output pixels than rows of the weight gradient
+    // (on AVX2, at stride 1, its rows are split across threads, every pixel read through a row
+    // pointer), and few rows for the forward (its columns split across threads too).
+    let pad = |s: usize| Conv2dParams {
+        stride: [s, s],
+        padding: [1, 1],
+        ..Default::default()
+    };
+    for cl in [false, true] {
+        // 50 pixels, 576 rows, 40 outputs (a ragged last panel).
+        conv_case([2, 64, 5, 5], [40, 64, 3, 3], pad(1), cl);
+        // Two blocks of 256 pixels (288) against 576 rows.
+        conv_case([2, 64, 12, 12], [24, 64, 3, 3], pad(1), cl);
+        // Strided (the forward's row pointers), and 20 channels: 12-row panels that straddle
+        // taps.
+        conv_case([2, 48, 7, 7], [36, 48, 3, 3], pad(2), cl);
+        conv_case([2, 20, 4, 4], [24, 20, 3, 3], pad(1), cl);
+    }
+    // The downsampling 1×1 stride 2 of the last stage: 18 pixels, 64 rows.
+    let s2 = Conv2dParams {
+        stride: [2, 2],
+        ..Default::default()
+    };
+    conv_case([2, 64, 6, 6], [80, 64, 1, 1], s2, true);
+}
+
+#[test]
 fn max_pooling_on_channels_last_inputs() {
     // The stem's pool (3×3, stride 2, padding 1) on a channels-last input: the per-pixel path.
     agree(

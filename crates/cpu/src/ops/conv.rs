@@ -232,7 +232,7 @@ impl<'a, C: Real> Weights<'a, C> {
         // largest address `last` lies in `data` (checked above).
         Some(unsafe {
             PackedB::from_rows(
-                |p| data.as_ptr().wrapping_add(self.row(p)),
+                |p| data[self.row(p)..].as_ptr(),
                 self.col_stride() as isize,
                 rows,
                 cols,
@@ -560,6 +560,11 @@ pub(crate) fn conv2d_weight_grad(
 }
 
 fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> Vec<C> {
+    if implicit::eligible_weight_grad_rows(g) && !g.pointwise() {
+        if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
+            return C::from_f32s(implicit::weight_grad_rows(g, x, gy));
+        }
+    }
     if implicit::eligible_weight_grad(g) && !g.pointwise() {
         if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
             return C::from_f32s(implicit::weight_grad(arena, g, x, gy));
