@@ -240,7 +240,7 @@ pub(super) fn weight_grad_rows(g: &Geom, x: &[f32], gy: &[f32]) -> Vec<f32> {
             sgemm::implicit_rows_weight_grad(m, a_row, &src.taps, g.c, g_row, o, out.ptr(), rows);
         }
     });
-    super::sum_into_oihw(g, &mut dw, 1)
+    super::sum_into_oihw(g, &dw, 1)
 }
 
 /// The weight gradient (OIHW), from NHWC `x` and NHWC `gy`.
@@ -273,5 +273,5 @@ pub(super) fn weight_grad(arena: &Arena, g: &Geom, x: &[f32], gy: &[f32]) -> Vec
             }
         }
     });
-    super::sum_into_oihw(g, &mut partials, parts)
+    super::sum_into_oihw(g, &partials, parts)
 }
