@@ -143,6 +143,14 @@ fn convolutions_over_several_tiles_and_threads() {
     };
     conv_case([2, 8, 19, 23], [16, 8, 3, 5], dilated, true);
     conv_case([2, 8, 19, 23], [16, 8, 3, 5], dilated, false);
+    // Horizontal dilation: a kernel row's taps are not adjacent pixels (one tap per (ky, kx)
+    // on the row-pointer path, not one per kernel row).
+    let wide = Conv2dParams {
+        padding: [1, 2],
+        dilation: [1, 2],
+        ..Default::default()
+    };
+    conv_case([2, 16, 11, 13], [8, 16, 3, 3], wide, true);
     let grouped = Conv2dParams {
         padding: [2, 2],
         dilation: [2, 2],

@@ -26,9 +26,10 @@ const SLACK_ROWS: usize = 12;
 
 /// Whether `g`'s forward runs here: stride 1, or any stride on AVX2 (the row-pointer path).
 pub(super) fn eligible(g: &Geom) -> bool {
-    // (A strided layer with few input channels, the stem's 3, has 3-step runs per tap: im2col
-    // serves it better.)
-    g.p.groups == 1 && sgemm::available() && (g.p.stride == [1, 1] || (rows_path() && g.c >= 16))
+    // (A strided layer whose taps cover few values — 3 channels with horizontal dilation —
+    // has short runs per tap: im2col serves it better. The stem's 7×7 runs 21.)
+    let strided_ok = rows_path() && row_run(g) >= 16;
+    g.p.groups == 1 && sgemm::available() && (g.p.stride == [1, 1] || strided_ok)
 }
 
 /// Whether `g`'s weight gradient runs here (stride 1).
@@ -49,6 +50,28 @@ fn tap_offsets(g: &Geom, wp: usize) -> Vec<usize> {
     (0..g.kh)
         .flat_map(|ky| (0..g.kw).map(move |kx| ((ky * dh) * wp + kx * dw) * g.c))
         .collect()
+}
+
+/// Taps as the row-pointer paths read them, with the run of consecutive values each covers:
+/// without horizontal dilation a kernel row's taps are adjacent pixels, so one tap per kernel
+/// row spans `KW·C` values (the stem's 7×7 on 3 channels: runs of 21, not 3); otherwise one
+/// per (ky, kx) of `C`. Either way B's row `t·run + s` is weight row `(ky, kx, c)`.
+fn row_taps(g: &Geom, wp: usize) -> (Vec<usize>, usize) {
+    let [dh, dw] = g.p.dilation;
+    if dw != 1 {
+        return (tap_offsets(g, wp), g.c);
+    }
+    let taps = (0..g.kh).map(|ky| ky * dh * wp * g.c).collect();
+    (taps, g.kw * g.c)
+}
+
+/// The run of [`row_taps`].
+fn row_run(g: &Geom) -> usize {
+    if g.p.dilation[1] == 1 {
+        g.kw * g.c
+    } else {
+        g.c
+    }
 }
 
 /// The padded input and the tap offsets into it.
@@ -151,21 +174,25 @@ struct RowSource<'a> {
     wp: usize,
     per_image: usize,
     taps: Vec<usize>,
+    /// Values each tap covers ([`row_taps`]).
+    run: usize,
 }
 
 impl<'a> RowSource<'a> {
     fn new(g: &Geom, x: &'a [f32]) -> Self {
         let padded = (g.p.padding != [0, 0]).then(|| pad(g, x));
-        let (wp, per_image, taps) = match &padded {
-            Some(p) => (p.wp, p.per_image, p.taps.clone()),
-            None => (g.w, g.h * g.w * g.c, tap_offsets(g, g.w)),
+        let (wp, per_image) = match &padded {
+            Some(p) => (p.wp, p.per_image),
+            None => (g.w, g.h * g.w * g.c),
         };
+        let (taps, run) = row_taps(g, wp);
         Self {
             padded,
             x,
             wp,
             per_image,
             taps,
+            run,
         }
     }
 
@@ -206,7 +233,7 @@ fn forward_rows(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
             let c = out.ptr().add(r0 * o);
             let rows = TASK_ROWS.min(m - r0);
             let a_row = |i: usize| src.row(g, r0 + i);
-            sgemm::implicit_rows(rows, a_row, &src.taps, g.c, b, panels, c, o, 0.0);
+            sgemm::implicit_rows(rows, a_row, &src.taps, src.run, b, panels, c, o, 0.0);
         }
     });
     y
@@ -237,7 +264,8 @@ pub(super) fn weight_grad_rows(g: &Geom, x: &[f32], gy: &[f32]) -> Vec<f32> {
         unsafe {
             let a_row = |q: usize| src.row(g, q);
             let g_row = |q: usize| gy.as_ptr().add(q * o);
-            sgemm::implicit_rows_weight_grad(m, a_row, &src.taps, g.c, g_row, o, out.ptr(), rows);
+            let (taps, run) = (&src.taps, src.run);
+            sgemm::implicit_rows_weight_grad(m, a_row, taps, run, g_row, o, out.ptr(), rows);
         }
     });
     super::sum_into_oihw(g, &dw, 1)
