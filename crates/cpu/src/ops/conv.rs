@@ -314,38 +314,47 @@ impl<C: Real> WeightMatrix<'_, C> {
 }
 
 /// The weight gradient in OIHW from `count` partials laid out `[KH·KW·C/g, O]` (row
-/// `(ky, kx, c)`), summed in partial order (bits fixed for a given partial count). Both at
-/// once, in blocks of 16 input × 16 output channels on every thread: a block reads its rows of
-/// each partial (16 values = one cache line each) and writes, for each output channel, one
-/// contiguous run of `16·KH·KW` — an element-wise relayout strided through megabytes (a deep
-/// layer's 9 MB gradient) and paid a cache miss per element.
+/// `(ky, kx, c)`), summed in partial order (bits fixed for a given partial count). Threads take
+/// blocks of 16 input channels: a block's rows (every tap of those channels) are read
+/// sequentially and summed into a scratch block (in L2), which is then written out as one
+/// contiguous run of `16·KH·KW` per output channel. (An element-wise strided relayout of a
+/// deep layer's 9 MB gradient missed the cache on nearly every element.)
 fn sum_into_oihw<C: Real>(g: &Geom, parts: &[C], count: usize) -> Vec<C> {
     const BLOCK: usize = 16;
     let (k, o, cg, taps) = (g.k(), g.o, g.cg, g.kh * g.kw);
     let parts = &parts[..count * k * o];
     let mut dw = overwritten::<C>(o * cg * taps);
     let out = Disjoint::new(&mut dw);
-    let (c_blocks, o_blocks) = (cg.div_ceil(BLOCK), o.div_ceil(BLOCK));
-    let task = |t: usize| {
-        let (cb, ob) = (t / o_blocks, t % o_blocks);
+    let task = |cb: usize| {
         let cs = cb * BLOCK..((cb + 1) * BLOCK).min(cg);
-        for oo in ob * BLOCK..((ob + 1) * BLOCK).min(o) {
+        let width = cs.len();
+        // scratch[(tap, c - cs.start)] is row (tap, c) of the summed gradient.
+        let mut scratch = Vec::with_capacity(taps * width * o);
+        for tap in 0..taps {
+            for c in cs.clone() {
+                let at = (tap * cg + c) * o;
+                let first = scratch.len();
+                scratch.extend_from_slice(&parts[at..at + o]);
+                for part in 1..count {
+                    let row = &parts[part * k * o + at..part * k * o + at + o];
+                    for (s, &v) in scratch[first..].iter_mut().zip(row) {
+                        *s += v;
+                    }
+                }
+            }
+        }
+        for oo in 0..o {
             let start = (oo * cg + cs.start) * taps;
             // SAFETY: output channel oo's input channels `cs`: this block's alone.
-            let run = unsafe { out.slice(start..start + cs.len() * taps) };
-            for (c, row) in cs.clone().zip(run.chunks_exact_mut(taps)) {
+            let run = unsafe { out.slice(start..start + width * taps) };
+            for (ci, row) in run.chunks_exact_mut(taps).enumerate() {
                 for (tap, v) in row.iter_mut().enumerate() {
-                    let at = (tap * cg + c) * o + oo;
-                    let mut sum = parts[at];
-                    for part in 1..count {
-                        sum += parts[part * k * o + at];
-                    }
-                    *v = sum;
+                    *v = scratch[(tap * width + ci) * o + oo];
                 }
             }
         }
     };
-    let blocks = c_blocks * o_blocks;
+    let blocks = cg.div_ceil(BLOCK);
     if count * k * o < 1 << 14 {
         (0..blocks).for_each(task);
     } else {
