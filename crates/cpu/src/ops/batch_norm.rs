@@ -6,10 +6,13 @@
 
 use redline_tensor::{stats_dtype, Layout};
 
-use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Elem};
+use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Elem, Real};
 use crate::parallel::{self, Disjoint};
 use crate::strided::Plan;
 
+/// Channels-last f32 pixels summed in f32 before their sums join the f64 ones (a bound on the
+/// f32 rounding: eight terms).
+const PIXELS_PER_FLUSH: usize = 8;
 /// Elements of the walk per chunk (fixed: the sums' bits never depend on the thread count).
 const CHUNK: usize = 1 << 15;
 
@@ -41,6 +44,18 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
                 // SAFETY: each chunk owns its partial sums.
                 let acc = unsafe { slots.slice(chunk * 2 * c..(chunk + 1) * 2 * c) };
                 let (first, second) = acc.split_at_mut(c);
+                // f32 data, channels-last: up to PIXELS_PER_FLUSH pixels summed in f32 (8 lanes
+                // a vector, no conversions), then added to the f64 sums.
+                let (mut f32_first, mut f32_second) = (vec![0.0f32; c], vec![0.0f32; c]);
+                let mut pending = 0;
+                let flush = |first: &mut [f64], second: &mut [f64], f: &mut [f32], s: &mut [f32]| {
+                    for (acc, v) in first.iter_mut().zip(f.iter_mut()) {
+                        *acc += f64::from(std::mem::take(v));
+                    }
+                    for (acc, v) in second.iter_mut().zip(s.iter_mut()) {
+                        *acc += f64::from(std::mem::take(v));
+                    }
+                };
                 plan.runs(parallel::part_range(n, chunks, chunk), |pos, len| {
                     let xr = &xs[pos[0]..];
                     let or = &other[pos[1]..];
@@ -48,6 +63,20 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
                         // Channels-last: a run is consecutive channels (vectorised).
                         [1, 1, 1] => {
                             let k = pos[2]..pos[2] + len;
+                            let f32s = (C::as_f32(&xr[..len]), C::as_f32(&or[..len]));
+                            if let (Some(xv), Some(ov)) = f32s {
+                                let sums = f32_first[k.clone()].iter_mut().zip(&mut f32_second[k]);
+                                for ((f, s), (&v, &o)) in sums.zip(xv.iter().zip(ov)) {
+                                    *f += o;
+                                    *s += v * o;
+                                }
+                                pending += 1;
+                                if pending == PIXELS_PER_FLUSH {
+                                    flush(first, second, &mut f32_first, &mut f32_second);
+                                    pending = 0;
+                                }
+                                return;
+                            }
                             let sums = first[k.clone()].iter_mut().zip(&mut second[k]);
                             for ((f, s), (&v, &o)) in sums.zip(xr.iter().zip(or).take(len)) {
                                 let (v, o) = (v.to_f64(), o.to_f64());
@@ -86,6 +115,7 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
                         }
                     }
                 });
+                flush(first, second, &mut f32_first, &mut f32_second);
             }
         });
         // Chunks combined in order.
