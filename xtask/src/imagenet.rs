@@ -58,6 +58,11 @@ pub struct ImagenetArgs {
     /// batch, precision and resolution, at its best memory layout.
     #[arg(long, value_parser = ["pytorch"])]
     vs: Option<String>,
+    /// With --vs: alternate the two sides this many times, each round measuring both for
+    /// --seconds / rounds, and compare medians — a shared machine's speed drifts over minutes,
+    /// and one long run per side puts that drift into the ratio.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 pub fn run(args: ImagenetArgs) -> Result<()> {
@@ -86,6 +91,12 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         .arg(&svg_path)
         .arg("--trace")
         .arg(&trace_path);
+    let rounds = if args.vs.is_some() {
+        args.rounds.max(1)
+    } else {
+        1
+    };
+    let seconds = args.seconds.div_ceil(rounds).max(1);
     let options = [
         ("--model", args.model.clone()),
         ("--res", args.res.map(|v| v.to_string())),
@@ -94,7 +105,7 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         ("--device", args.device.clone()),
         ("--steps", args.steps.map(|v| v.to_string())),
         ("--workers", args.workers.map(|v| v.to_string())),
-        ("--seconds", Some(args.seconds.to_string())),
+        ("--seconds", Some(seconds.to_string())),
         ("--warmup", Some(args.warmup.to_string())),
     ];
     for (flag, value) in &options {
@@ -102,41 +113,33 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
             cmd.arg(flag).arg(v);
         }
     }
-    if args.vs.is_some() {
-        let _ = fs::remove_dir_all(&folder);
-        cmd.arg("--folder").arg(&folder);
-    }
-    run::check(&mut cmd)?;
-    let mut report = read(&json_path)?;
-
-    if args.vs.is_some() {
-        let theirs_path = work.join("pytorch.json");
-        let text = |k: &str| report[k].to_string().trim_matches('"').to_string();
-        let mut py = std::process::Command::new("python3");
-        py.current_dir(run::root())
-            .arg("benches/pytorch/imagenet.py")
-            .arg("--folder")
-            .arg(&folder)
-            .arg("--out")
-            .arg(&theirs_path)
-            .args(["--model", &text("model")])
-            .args(["--res", &text("resolution")])
-            .args(["--batch", &text("batch")])
-            .args(["--precision", &text("precision")])
-            .args(["--workers", &text("workers")])
-            .args(["--warmup", &args.warmup.to_string()])
-            .args(["--seconds", &args.seconds.to_string()]);
-        if let Some(n) = args.steps {
-            py.args(["--steps", &n.to_string()]);
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for round in 0..rounds {
+        if rounds > 1 {
+            eprintln!("round {} of {rounds}", round + 1);
         }
-        run::check(&mut py)?;
-        let theirs = read(&theirs_path)?;
-        report["pytorch_images_per_sec"] = theirs["images_per_sec"].clone();
-        report["pytorch_layout"] = theirs["layout"].clone();
-        report["pytorch_runs"] = theirs["runs"].clone();
+        let mut cmd = clone_command(&cmd);
+        if args.vs.is_some() && round == 0 {
+            // The bench writes the ImageFolder copy PyTorch's loader reads.
+            let _ = fs::remove_dir_all(&folder);
+            cmd.arg("--folder").arg(&folder);
+        }
+        run::check(&mut cmd)?;
+        let report = read(&json_path)?;
+        if args.vs.is_some() {
+            theirs.push(pytorch(&args, &report, &folder, &work, seconds)?);
+        }
+        ours.push(report);
+    }
+    let report = if args.vs.is_some() {
+        let report = compare(ours, theirs);
         fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("writing {}", json_path.display()))?;
-    }
+        report
+    } else {
+        ours.remove(0)
+    };
     print_table(&report);
     println!(
         "wrote {}, {} and {}",
@@ -145,6 +148,89 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         trace_path.display()
     );
     Ok(())
+}
+
+fn clone_command(cmd: &std::process::Command) -> std::process::Command {
+    let mut copy = std::process::Command::new(cmd.get_program());
+    copy.args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        copy.current_dir(dir);
+    }
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => copy.env(key, v),
+            None => copy.env_remove(key),
+        };
+    }
+    copy
+}
+
+/// One run of the seed's PyTorch loop on what `ours` measured (model, resolution, batch,
+/// precision, loader threads), both layouts; its JSON.
+fn pytorch(
+    args: &ImagenetArgs,
+    ours: &Value,
+    folder: &Path,
+    work: &Path,
+    seconds: usize,
+) -> Result<Value> {
+    let theirs_path = work.join("pytorch.json");
+    let text = |k: &str| ours[k].to_string().trim_matches('"').to_string();
+    let mut py = std::process::Command::new("python3");
+    py.current_dir(run::root())
+        .arg("benches/pytorch/imagenet.py")
+        .arg("--folder")
+        .arg(folder)
+        .arg("--out")
+        .arg(&theirs_path)
+        .args(["--model", &text("model")])
+        .args(["--res", &text("resolution")])
+        .args(["--batch", &text("batch")])
+        .args(["--precision", &text("precision")])
+        .args(["--workers", &text("workers")])
+        .args(["--warmup", &args.warmup.to_string()])
+        .args(["--seconds", &seconds.to_string()]);
+    if let Some(n) = args.steps {
+        py.args(["--steps", &n.to_string()]);
+    }
+    run::check(&mut py)?;
+    read(&theirs_path)
+}
+
+/// The report of the median round (by our img/s: its breakdown, SVG and trace belong to it),
+/// with PyTorch's median best-layout img/s and every round's pair and ratio.
+fn compare(ours: Vec<Value>, theirs: Vec<Value>) -> Value {
+    let ips = |v: &Value| v["images_per_sec"].as_f64().unwrap_or(f64::NAN);
+    let mut order: Vec<usize> = (0..ours.len()).collect();
+    order.sort_by(|&a, &b| ips(&ours[a]).total_cmp(&ips(&ours[b])));
+    let middle = order[(order.len() - 1) / 2];
+    let mut report = ours[middle].clone();
+    let mut by_theirs: Vec<usize> = (0..theirs.len()).collect();
+    by_theirs.sort_by(|&a, &b| ips(&theirs[a]).total_cmp(&ips(&theirs[b])));
+    let their_middle = &theirs[by_theirs[(by_theirs.len() - 1) / 2]];
+    let rounds: Vec<Value> = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(o, t)| {
+            serde_json::json!({
+                "images_per_sec": ips(o),
+                "pytorch_images_per_sec": ips(t),
+                "pytorch_layout": t["layout"],
+                "ratio": ips(o) / ips(t),
+            })
+        })
+        .collect();
+    let mut ratios: Vec<f64> = rounds
+        .iter()
+        .map(|r| r["ratio"].as_f64().unwrap_or(f64::NAN))
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    report["pytorch_images_per_sec"] = Value::from(ips(their_middle));
+    report["pytorch_layout"] = their_middle["layout"].clone();
+    report["pytorch_runs"] = their_middle["runs"].clone();
+    report["vs_pytorch_rounds"] = Value::from(rounds);
+    report["ratio_median"] = Value::from(ratios[(ratios.len() - 1) / 2]);
+    report
 }
 
 fn read(path: &Path) -> Result<Value> {
@@ -261,6 +347,27 @@ fn print_table(r: &Value) {
                 run["layout"].as_str().unwrap_or("?"),
                 run["images_per_sec"].as_f64().unwrap_or(f64::NAN)
             );
+        }
+        let rounds = r["vs_pytorch_rounds"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if rounds.len() > 1 {
+            println!(
+                "  rounds (alternating; medians above)  median ratio {:.2}x",
+                f("ratio_median")
+            );
+            for (i, round) in rounds.iter().enumerate() {
+                let g = |k: &str| round[k].as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "    {:<2} redline {:>6.2}  PyTorch {:>6.2} ({})  {:.2}x",
+                    i + 1,
+                    g("images_per_sec"),
+                    g("pytorch_images_per_sec"),
+                    round["pytorch_layout"].as_str().unwrap_or("?"),
+                    g("ratio")
+                );
+            }
         }
     }
 }
