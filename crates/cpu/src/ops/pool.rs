@@ -5,7 +5,7 @@ use redline_tensor::backend::Pool2dParams;
 use redline_tensor::Layout;
 
 use crate::buffer::{as_compute, from_compute, overwritten, with_compute, zeros, Data, Real};
-use crate::ops::elementwise::{dense, relayout};
+use crate::ops::elementwise::dense;
 use crate::parallel::{self, Disjoint};
 
 /// One plane's geometry: input `h × w` at `strides` (row, column), output `ho × wo`.
@@ -78,7 +78,8 @@ fn is_channels_last(l: &Layout) -> bool {
 }
 
 pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> (Data, Data) {
-    if is_channels_last(xl) && is_channels_last(out) {
+    let small_planes = xl.shape()[2].saturating_mul(xl.shape()[3]) <= u32::MAX as usize;
+    if is_channels_last(xl) && is_channels_last(out) && small_planes {
         return max_pool2d_channels_last(x, xl, p, out);
     }
     let s = xl.shape();
@@ -123,39 +124,45 @@ fn max_pool2d_channels_last(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layou
     with_compute!(x.dtype(), C => {
         let src = as_compute::<C>(x);
         let mut values = overwritten::<C>(n * ho * wo * c);
-        let mut at = vec![0i64; values.len()];
+        // Positions are returned NCHW (row-major over the output shape), as the plane walk's:
+        // each output row's are kept [ox][channel] and written out channel by channel.
+        let mut at = overwritten::<i64>(n * c * ho * wo);
         let (vo, ao) = (Disjoint::new(&mut values), Disjoint::new(&mut at));
         let rows = n * ho;
         parallel::for_parts(rows, parallel::parts_for(rows * wo * c, 1 << 14), |_, range| {
             let mut best = vec![C::NEG_INFINITY; c];
-            let mut pos = vec![0i64; c];
+            let mut pos = vec![0u32; wo * c];
             for row in range {
                 let (b, oy) = (row / ho, row % ho);
                 // SAFETY: each output row (image b, row oy) is written by one part.
-                let (vs, ats) = unsafe {
-                    let span = row * wo * c..(row + 1) * wo * c;
-                    (vo.slice(span.clone()), ao.slice(span))
-                };
-                for ox in 0..wo {
+                let vs = unsafe { vo.slice(row * wo * c..(row + 1) * wo * c) };
+                for (ox, ps) in pos.chunks_exact_mut(c).enumerate() {
                     best.fill(C::NEG_INFINITY);
-                    pos.fill(0);
+                    ps.fill(0);
                     plane.window(oy, ox, |iy, ix| {
                         let px = &src[((b * plane.h + iy) * plane.w + ix) * c..][..c];
-                        let here = (iy * plane.w + ix) as i64;
-                        for ((v, bst), ps) in px.iter().zip(best.iter_mut()).zip(pos.iter_mut()) {
-                            if *v > *bst || (v.is_nan() && !bst.is_nan()) {
-                                (*bst, *ps) = (*v, here);
-                            }
+                        // (< 2³² per plane: checked by the caller.)
+                        let here = (iy * plane.w + ix) as u32;
+                        // Branch-free (vectorised): the first maximum, NaN beating numbers.
+                        for ((v, bst), p) in px.iter().zip(best.iter_mut()).zip(ps.iter_mut()) {
+                            // (`|`, `&`: no short circuit, so the loop stays branch-free.)
+                            let take = (*v > *bst) | (v.is_nan() & !bst.is_nan());
+                            *bst = if take { *v } else { *bst };
+                            *p = if take { here } else { *p };
                         }
                     });
                     vs[ox * c..(ox + 1) * c].copy_from_slice(&best);
-                    ats[ox * c..(ox + 1) * c].copy_from_slice(&pos);
+                }
+                for ch in 0..c {
+                    let start = ((b * c + ch) * ho + oy) * wo;
+                    // SAFETY: channel ch's positions of output row (b, oy): this part's.
+                    let dst = unsafe { ao.slice(start..start + wo) };
+                    for (d, p) in dst.iter_mut().zip(pos.iter().skip(ch).step_by(c)) {
+                        *d = i64::from(*p);
+                    }
                 }
             }
         });
-        // Positions are returned NCHW (row-major over the output shape), as the plane walk's.
-        let nhwc = Layout::channels_last(out.shape()).unwrap_or_else(|_| out.clone());
-        let at = relayout(&at, &nhwc, &Layout::contiguous(out.shape()));
         (from_compute(x.dtype(), values), Data::I64(at))
     })
 }
@@ -289,6 +296,39 @@ fn route<C: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::elementwise::relayout;
+
+    /// The channels-last forward equals the plane walk: values bit for bit and positions
+    /// (written NCHW), with ties (first maximum wins) and NaNs (a NaN beats any number).
+    #[test]
+    fn channels_last_max_pool_matches_the_plane_walk() {
+        let (n, c, h, w) = (2, 11, 9, 7);
+        let p = Pool2dParams {
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: [1, 1],
+        };
+        let (xs, ys) = ([n, c, h, w], [n, c, 5, 4]);
+        let mut x: Vec<f32> = (0..n * c * h * w).map(|i| ((i * 37) % 5) as f32).collect();
+        x[17] = f32::NAN;
+        x[300] = f32::NAN;
+        let nchw = |s: &[usize]| Layout::contiguous(s);
+        let cl = |s: &[usize]| Layout::channels_last(s).expect("rank 4");
+        let (plain, plain_at) = max_pool2d(&Data::F32(x.clone()), &nchw(&xs), &p, &nchw(&ys));
+        let x_cl = relayout(&x, &nchw(&xs), &cl(&xs));
+        let (fast, fast_at) = max_pool2d(&Data::F32(x_cl), &cl(&xs), &p, &cl(&ys));
+        let (Data::F32(plain), Data::F32(fast)) = (plain, fast) else {
+            panic!("f32 out")
+        };
+        let fast = relayout(&fast, &cl(&ys), &nchw(&ys));
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&plain), bits(&fast));
+        assert!(plain.iter().any(|v| v.is_nan()), "a NaN wins its windows");
+        let (Data::I64(plain_at), Data::I64(fast_at)) = (plain_at, fast_at) else {
+            panic!("i64 positions")
+        };
+        assert_eq!(plain_at, fast_at);
+    }
 
     /// The channels-last max-pool gradient equals the plane walk's bit for bit, with
     /// overlapping windows (3×3, stride 2, padding 1) so that positions collect several adds.
