@@ -86,11 +86,7 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
     cmd.arg("--shards")
         .arg(&shards)
         .arg("--out")
-        .arg(&json_path)
-        .arg("--svg")
-        .arg(&svg_path)
-        .arg("--trace")
-        .arg(&trace_path);
+        .arg(&json_path);
     let rounds = if args.vs.is_some() {
         args.rounds.max(1)
     } else {
@@ -120,6 +116,11 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
             eprintln!("round {} of {rounds}", round + 1);
         }
         let mut cmd = clone_command(&cmd);
+        // Each round's SVG and trace apart; the median round's become the report's.
+        cmd.arg("--svg")
+            .arg(round_file(&svg_path, round, rounds))
+            .arg("--trace")
+            .arg(round_file(&trace_path, round, rounds));
         if args.vs.is_some() && round == 0 {
             // The bench writes the ImageFolder copy PyTorch's loader reads.
             let _ = fs::remove_dir_all(&folder);
@@ -133,9 +134,18 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         ours.push(report);
     }
     let report = if args.vs.is_some() {
-        let report = compare(ours, theirs);
+        let (report, middle) = compare(ours, theirs);
         fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("writing {}", json_path.display()))?;
+        for path in [&svg_path, &trace_path] {
+            if rounds > 1 {
+                fs::rename(round_file(path, middle, rounds), path)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                for round in (0..rounds).filter(|&r| r != middle) {
+                    let _ = fs::remove_file(round_file(path, round, rounds));
+                }
+            }
+        }
         report
     } else {
         ours.remove(0)
@@ -148,6 +158,17 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         trace_path.display()
     );
     Ok(())
+}
+
+/// Where round `round` of `rounds` writes `path` (itself when there is one round).
+fn round_file(path: &Path, round: usize, rounds: usize) -> PathBuf {
+    if rounds == 1 {
+        return path.to_path_buf();
+    }
+    let name = path
+        .file_name()
+        .map_or_else(Default::default, |n| n.to_string_lossy());
+    path.with_file_name(format!("round{}.{name}", round + 1))
 }
 
 fn clone_command(cmd: &std::process::Command) -> std::process::Command {
@@ -198,8 +219,8 @@ fn pytorch(
 }
 
 /// The report of the median round (by our img/s: its breakdown, SVG and trace belong to it),
-/// with PyTorch's median best-layout img/s and every round's pair and ratio.
-fn compare(ours: Vec<Value>, theirs: Vec<Value>) -> Value {
+/// with PyTorch's median best-layout img/s and every round's pair and ratio; and that round.
+fn compare(ours: Vec<Value>, theirs: Vec<Value>) -> (Value, usize) {
     let ips = |v: &Value| v["images_per_sec"].as_f64().unwrap_or(f64::NAN);
     let mut order: Vec<usize> = (0..ours.len()).collect();
     order.sort_by(|&a, &b| ips(&ours[a]).total_cmp(&ips(&ours[b])));
@@ -230,7 +251,7 @@ fn compare(ours: Vec<Value>, theirs: Vec<Value>) -> Value {
     report["pytorch_runs"] = their_middle["runs"].clone();
     report["vs_pytorch_rounds"] = Value::from(rounds);
     report["ratio_median"] = Value::from(ratios[(ratios.len() - 1) / 2]);
-    report
+    (report, middle)
 }
 
 fn read(path: &Path) -> Result<Value> {

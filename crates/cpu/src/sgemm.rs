@@ -485,9 +485,11 @@ pub(crate) unsafe fn implicit_rows(
     }
     // B in blocks of taps × panels that stay in L2 while every row tile passes over them (the
     // deep layers' B is megabytes: streamed whole per row tile, it came from L3 or memory);
-    // C is read back once per extra block of taps.
+    // C is read back once per extra block of taps. The blocks follow from B alone, not from
+    // the caller's share of its panels: the tap blocks set the order of each output's sum, so
+    // its bits do not depend on how threads split the columns.
     let tap_panel = run * NR * std::mem::size_of::<f32>();
-    let group = (B_BLOCK_BYTES / tap_panel).clamp(1, panels.len());
+    let group = (B_BLOCK_BYTES / tap_panel).clamp(1, b.panels());
     let taps_per_block = (B_BLOCK_BYTES / (tap_panel * group)).clamp(1, taps.len());
     for t0 in (0..taps.len()).step_by(taps_per_block) {
         let block = &taps[t0..(t0 + taps_per_block).min(taps.len())];
@@ -1364,6 +1366,57 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A B large enough to be walked in blocks of taps (three taps of 512 values, 128 columns):
+    /// the output's bits are the same whether one call covers every panel or threads split
+    /// them (the blocks follow from B, not from a caller's share).
+    #[test]
+    fn row_pointer_gemm_bits_do_not_depend_on_the_column_split() {
+        if !has_rows_kernel() {
+            eprintln!("no AVX2 + FMA: implicit_rows does not run on this CPU");
+            return;
+        }
+        let (m, run, n, taps) = (20, 512, 128, [0, 512, 1024]);
+        let x: Vec<f32> = (0..(m + 3) * run)
+            .map(|i| ((i * 7 % 17) as f32 - 8.0) / 9.0)
+            .collect();
+        let k = taps.len() * run;
+        let w: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 3 % 13) as f32 - 6.0) / 7.0)
+            .collect();
+        let (mut whole, mut split) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+        unsafe {
+            let packed = PackedB::new(w.as_ptr(), [n as isize, 1], k, n);
+            let a_row = |i: usize| x.as_ptr().add(i * run);
+            let all = packed.panels();
+            implicit_rows(
+                m,
+                a_row,
+                &taps,
+                run,
+                &packed,
+                0..all,
+                whole.as_mut_ptr(),
+                n,
+                0.0,
+            );
+            for panels in [0..1, 1..all] {
+                implicit_rows(
+                    m,
+                    a_row,
+                    &taps,
+                    run,
+                    &packed,
+                    panels,
+                    split.as_mut_ptr(),
+                    n,
+                    0.0,
+                );
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&whole), bits(&split));
     }
 
     /// The weight gradient through row pointers, its rows split into ranges as threads split

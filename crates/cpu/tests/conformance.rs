@@ -180,6 +180,8 @@ fn deep_layers_with_fewer_pixels_than_weight_gradient_rows() {
         conv_case([2, 48, 7, 7], [36, 48, 3, 3], pad(2), cl);
         conv_case([2, 20, 4, 4], [24, 20, 3, 3], pad(1), cl);
     }
+    // An empty batch.
+    conv_case([0, 16, 6, 6], [8, 16, 3, 3], pad(1), true);
     // The downsampling 1×1 stride 2 of the last stage: 18 pixels, 64 rows.
     let s2 = Conv2dParams {
         stride: [2, 2],

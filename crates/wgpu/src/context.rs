@@ -83,6 +83,8 @@ struct Clock {
     next: AtomicU32,
     /// Nanoseconds per tick.
     period: f64,
+    /// Held through a read: two reads at once would resolve into the same buffer.
+    reading: Mutex<()>,
 }
 
 const RESOLVE_STRIDE: u64 = wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT;
@@ -159,6 +161,7 @@ impl Context {
             }),
             next: AtomicU32::new(0),
             period: f64::from(queue.get_timestamp_period()),
+            reading: Mutex::new(()),
         });
         let clock = clock.filter(|c| c.period > 0.0);
         Ok(Self {
@@ -352,6 +355,7 @@ impl Context {
                 "timestamp slot {bad} (there are {TIMESTAMP_SLOTS})"
             )));
         }
+        let _reading = clock.reading.lock().unwrap_or_else(|p| p.into_inner());
         {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             let device = &self.device;

@@ -124,6 +124,9 @@ fn max_pool2d_channels_last(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layou
     with_compute!(x.dtype(), C => {
         let src = as_compute::<C>(x);
         let mut values = overwritten::<C>(n * ho * wo * c);
+        if values.is_empty() {
+            return (from_compute(x.dtype(), values), Data::I64(Vec::new()));
+        }
         // Positions are returned NCHW (row-major over the output shape), as the plane walk's:
         // each output row's are kept [ox][channel] and written out channel by channel.
         let mut at = overwritten::<i64>(n * c * ho * wo);
@@ -328,6 +331,10 @@ mod tests {
             panic!("i64 positions")
         };
         assert_eq!(plain_at, fast_at);
+        // No channels: an empty result, not a panic.
+        let (xs, ys) = ([2, 0, 9, 7], [2, 0, 5, 4]);
+        let (v, at) = max_pool2d(&Data::F32(Vec::new()), &cl(&xs), &p, &cl(&ys));
+        assert!(matches!((v, at), (Data::F32(v), Data::I64(at)) if v.is_empty() && at.is_empty()));
     }
 
     /// The channels-last max-pool gradient equals the plane walk's bit for bit, with

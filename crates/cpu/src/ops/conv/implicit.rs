@@ -216,6 +216,9 @@ fn forward_rows(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
     let o = g.o;
     let m = g.n * g.ho * g.wo;
     let mut y = overwritten::<f32>(m * o);
+    if m == 0 {
+        return y;
+    }
     let out = Disjoint::new(&mut y);
     // Few rows (a 7×7 layer: 392 at batch 8 — three row tasks for two threads) also split
     // B's columns, so every thread gets an even share.
