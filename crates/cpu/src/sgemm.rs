@@ -63,10 +63,21 @@ pub(crate) fn available() -> bool {
 }
 
 /// Whether plain GEMMs (matmul, im2col and 1×1 convolutions) run our kernel: on AVX-512 only.
-/// On AVX2 matrixmultiply's kernel measured 10–20% faster on them (1024³, alternating runs on a
-/// Zen 3), so there ours runs just the implicit convolutions, which it serves without im2col.
+/// On AVX2 ours now matches or beats matrixmultiply on one thread (ResNet-50's 1×1 shapes,
+/// B packed once), but inside the convolutions, both threads busy, it measured 5–15% slower on
+/// the input and weight gradients (Zen 3, alternating runs), so there ours runs just the
+/// implicit convolutions, which it serves without im2col. `REDLINE_CPU_GEMM=ours` or
+/// `matrixmultiply` overrides the choice, for A/B measurements.
 pub(crate) fn for_gemm() -> bool {
-    isa() == Some(Isa::Avx512)
+    static ASKED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    match ASKED
+        .get_or_init(|| std::env::var("REDLINE_CPU_GEMM").unwrap_or_default())
+        .as_str()
+    {
+        "ours" => available(),
+        "matrixmultiply" => false,
+        _ => isa() == Some(Isa::Avx512),
+    }
 }
 
 #[cfg(test)]
@@ -179,22 +190,28 @@ impl PackedBlocks {
     /// # Safety
     /// `b` with strides `[rsb, csb]` addresses a valid `[k, n]` matrix.
     pub unsafe fn new(b: *const f32, [rsb, csb]: [isize; 2], k: usize, n: usize) -> Self {
-        let width = n.div_ceil(NR) * NR;
+        let panels = n.div_ceil(NR);
+        let width = panels * NR;
         let mut data = vec![0.0; width * k];
-        for k0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - k0);
-            // SAFETY: the caller's contract.
-            unsafe {
-                pack_b(
-                    &mut data[k0 * width..],
-                    |p| Some(b.wrapping_offset(p as isize * rsb)),
-                    csb,
-                    k0,
-                    kc,
-                    n,
-                )
-            };
-        }
+        // Threads split the (K block, panel) pieces: a deep layer's B is megabytes, and one
+        // thread packing it before the GEMM left the other idle.
+        let out = crate::parallel::Disjoint::new(&mut data);
+        let pieces = k.div_ceil(KC) * panels;
+        let parts = crate::parallel::parts_for(width * k, 1 << 14);
+        let b = b as usize; // an address, so the closure can be shared across threads
+        crate::parallel::for_parts(pieces, parts, |_, range| {
+            for piece in range {
+                let (k0, jp) = (piece / panels * KC, piece % panels);
+                let kc = KC.min(k - k0);
+                let at = k0 * width + jp * kc * NR;
+                // SAFETY: each piece is its own run of the buffer.
+                let dst = unsafe { out.slice(at..at + kc * NR) };
+                let src =
+                    (b as *const f32).wrapping_offset(k0 as isize * rsb + (jp * NR) as isize * csb);
+                // SAFETY: the caller's contract (rows k0.., columns jp·NR.. of b).
+                unsafe { pack_piece(dst, src, [rsb, csb], kc, NR.min(n - jp * NR)) };
+            }
+        });
         Self { k, n, data }
     }
 
@@ -204,6 +221,40 @@ impl PackedBlocks {
 
     pub fn n(&self) -> usize {
         self.n
+    }
+}
+
+/// `dst[p·NR + j] = src[p·rsb + j·csb]` for `p < kc`, `j < cols`: one panel of one K block,
+/// read along whichever of B's axes is contiguous (a transposed B — a 1×1 convolution's OIHW
+/// weights — column by column, not 32 cache lines per row).
+///
+/// # Safety
+/// Those elements of `src` are readable; `dst` holds `kc·NR` values.
+unsafe fn pack_piece(
+    dst: &mut [f32],
+    src: *const f32,
+    [rsb, csb]: [isize; 2],
+    kc: usize,
+    cols: usize,
+) {
+    if rsb == 1 && csb != 1 {
+        for j in 0..cols {
+            // SAFETY: column j's kc values are readable.
+            let column = unsafe { src.offset(j as isize * csb) };
+            for p in 0..kc {
+                // SAFETY: as above.
+                dst[p * NR + j] = unsafe { *column.add(p) };
+            }
+        }
+        return;
+    }
+    for p in 0..kc {
+        // SAFETY: row p's cols values are readable.
+        let row = unsafe { src.offset(p as isize * rsb) };
+        for j in 0..cols {
+            // SAFETY: as above.
+            dst[p * NR + j] = unsafe { *row.offset(j as isize * csb) };
+        }
     }
 }
 
@@ -796,6 +847,19 @@ unsafe fn pack_a(
             }
             continue;
         }
+        #[cfg(target_arch = "x86_64")]
+        if rows == MR && csa == 1 && is_x86_feature_detected!("avx2") {
+            // SAFETY: the 12 rows' columns k0..k0 + kc are inside a; AVX2 was checked.
+            unsafe {
+                pack_rows_avx2(
+                    panel,
+                    a.offset((i0 + ip * MR) as isize * rsa + k0 as isize),
+                    rsa,
+                    kc,
+                )
+            };
+            continue;
+        }
         for i in 0..MR {
             if i >= rows {
                 for p in 0..kc {
@@ -1025,8 +1089,8 @@ unsafe fn passes_avx2(
 ) {
     for r0 in (0..rows).step_by(MR2) {
         for c0 in (0..cols).step_by(NR2) {
-            let acc = pass(r0, c0);
             let (n_rows, n_cols) = (MR2.min(rows - r0), NR2.min(cols - c0));
+            let acc = pass(r0, c0);
             for (i, row) in acc.iter().enumerate().take(n_rows) {
                 let at = c_rows[r0 + i].wrapping_offset(c0 as isize * csc);
                 // SAFETY: (r0 + i, c0..c0 + n_cols) is inside c.
@@ -1084,6 +1148,69 @@ unsafe fn store_row_avx2(c: *mut f32, csc: isize, v: &[__m256; 2], cols: usize, 
             }
         }
     }
+}
+
+/// A row-major 12-row panel of A (rows `rsa` apart, `kc` columns) packed k-major, so that
+/// `panel[p·12 + i] = a[i·rsa + p]`, by 8×8 transposes in registers (a scalar strided copy
+/// cost ~10% of a GEMM with 128 columns).
+///
+/// # Safety
+/// AVX2; `a[i·rsa + p]` is readable for `i < 12`, `p < kc`; `panel` holds `12·kc` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pack_rows_avx2(panel: &mut [f32], a: *const f32, rsa: isize, kc: usize) {
+    assert!(panel.len() >= MR * kc, "pack: panel too small");
+    let row = |i: usize| a.wrapping_offset(i as isize * rsa);
+    let out = panel.as_mut_ptr();
+    let full = kc / 8 * 8;
+    for p in (0..full).step_by(8) {
+        // SAFETY: columns p..p + 8 of the 12 rows are readable; the panel holds them.
+        unsafe {
+            // Rows 0–3, 4–7 and 8–11, each as columns (j, j + 4) in a register's halves.
+            let load = |first: usize| -> [__m256; 4] {
+                std::array::from_fn(|i| _mm256_loadu_ps(row(first + i).add(p)))
+            };
+            let (lo, hi, tail) = (
+                columns_of_4_rows(load(0)),
+                columns_of_4_rows(load(4)),
+                columns_of_4_rows(load(8)),
+            );
+            for j in 0..4 {
+                let (at, at4) = (out.add((p + j) * MR), out.add((p + j + 4) * MR));
+                _mm256_storeu_ps(at, _mm256_permute2f128_ps::<0x20>(lo[j], hi[j]));
+                _mm256_storeu_ps(at4, _mm256_permute2f128_ps::<0x31>(lo[j], hi[j]));
+                _mm_storeu_ps(at.add(8), _mm256_castps256_ps128(tail[j]));
+                _mm_storeu_ps(at4.add(8), _mm256_extractf128_ps::<1>(tail[j]));
+            }
+        }
+    }
+    for p in full..kc {
+        for i in 0..MR {
+            // SAFETY: as above.
+            unsafe { *out.add(p * MR + i) = *row(i).add(p) };
+        }
+    }
+}
+
+/// Four rows of 8 values → for `j < 4`, register `j` holds column `j` of the four rows in its
+/// low half and column `j + 4` in its high half (the in-lane half of an 8×8 transpose).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn columns_of_4_rows(r: [__m256; 4]) -> [__m256; 4] {
+    let (t0, t1) = (
+        _mm256_unpacklo_ps(r[0], r[1]),
+        _mm256_unpackhi_ps(r[0], r[1]),
+    );
+    let (t2, t3) = (
+        _mm256_unpacklo_ps(r[2], r[3]),
+        _mm256_unpackhi_ps(r[2], r[3]),
+    );
+    [
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xEE>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xEE>(t1, t3),
+    ]
 }
 
 /// The 6×16 FMA loop (B panel rows `NR` apart), apart from the stores so the accumulators stay
@@ -1263,6 +1390,7 @@ mod tests {
             (12, 256, 32),
             (5, 600, 3),
             (300, 40, 64),
+            (30, 517, 40),
         ];
         for (m, k, n) in shapes {
             let a: Vec<f32> = (0..m * k)
@@ -1271,43 +1399,73 @@ mod tests {
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0)
                 .collect();
-            // b transposed in memory (column stride k); a row-major (read in place) or
-            // column-major (packed); c accumulating (beta = 1).
-            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            // A row-major (read in place), row-major with rows 1024 apart (packed: rows a
+            // multiple of 2 KiB apart would alias in L1), or column-major (packed); B row-major
+            // or transposed in memory; C accumulating (beta = 1); B packed per call or once.
             let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
-            for a_column_major in [false, true] {
-                let mut c = vec![1.0f32; m * n];
-                let (ap, strides) = if a_column_major {
-                    (at.as_ptr(), [1, m as isize])
-                } else {
-                    (a.as_ptr(), [k as isize, 1])
-                };
-                unsafe {
-                    sgemm(
-                        m,
-                        k,
-                        n,
-                        ap,
-                        strides,
-                        bt.as_ptr(),
-                        [1, k as isize],
-                        1.0,
-                        c.as_mut_ptr(),
-                        [n as isize, 1],
-                    );
-                }
-                for i in 0..m {
-                    for j in 0..n {
-                        let want: f32 =
-                            1.0 + (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
-                        let got = c[i * n + j];
-                        let what = format!(
-                            "{isa:?} ({m},{k},{n}) a_column_major={a_column_major} [{i},{j}]"
-                        );
-                        assert!(
-                            (got - want).abs() <= 1e-3 * want.abs().max(1.0),
-                            "{what}: {got} vs {want}"
-                        );
+            let lda = 1024;
+            let a_wide: Vec<f32> = (0..m * lda)
+                .map(|i| {
+                    if i % lda < k {
+                        a[i / lda * k + i % lda]
+                    } else {
+                        f32::NAN
+                    }
+                })
+                .collect();
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let a_layouts = [
+                ("row-major", a.as_ptr(), [k as isize, 1]),
+                ("rows 1024 apart", a_wide.as_ptr(), [lda as isize, 1]),
+                ("column-major", at.as_ptr(), [1, m as isize]),
+            ];
+            let b_layouts = [
+                ("row-major", b.as_ptr(), [n as isize, 1]),
+                ("transposed", bt.as_ptr(), [1, k as isize]),
+            ];
+            for (a_name, ap, a_strides) in a_layouts {
+                for (b_name, bp, b_strides) in b_layouts {
+                    for packed_once in [false, true] {
+                        let mut c = vec![1.0f32; m * n];
+                        unsafe {
+                            if packed_once {
+                                let pb = PackedBlocks::new(bp, b_strides, k, n);
+                                sgemm_packed(
+                                    m,
+                                    ap,
+                                    a_strides,
+                                    &pb,
+                                    1.0,
+                                    c.as_mut_ptr(),
+                                    [n as isize, 1],
+                                );
+                            } else {
+                                sgemm(
+                                    m,
+                                    k,
+                                    n,
+                                    ap,
+                                    a_strides,
+                                    bp,
+                                    b_strides,
+                                    1.0,
+                                    c.as_mut_ptr(),
+                                    [n as isize, 1],
+                                );
+                            }
+                        }
+                        for i in 0..m {
+                            for j in 0..n {
+                                let want: f32 =
+                                    1.0 + (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
+                                let got = c[i * n + j];
+                                assert!(
+                                    (got - want).abs() <= 1e-3 * want.abs().max(1.0),
+                                    "{isa:?} ({m},{k},{n}) a {a_name}, b {b_name}, \
+                                     packed once {packed_once} [{i},{j}]: {got} vs {want}"
+                                );
+                            }
+                        }
                     }
                 }
             }
