@@ -82,11 +82,6 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
     let trace_path = json_path.with_extension("trace.json");
     let folder = work.join("imagefolder");
 
-    let mut cmd = run::bench_binary("bench-imagenet", &[]);
-    cmd.arg("--shards")
-        .arg(&shards)
-        .arg("--out")
-        .arg(&json_path);
     let rounds = if args.vs.is_some() {
         args.rounds.max(1)
     } else {
@@ -104,18 +99,27 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         ("--seconds", Some(seconds.to_string())),
         ("--warmup", Some(args.warmup.to_string())),
     ];
-    for (flag, value) in &options {
-        if let Some(v) = value {
-            cmd.arg(flag).arg(v);
+    // The bench's command, built afresh for each round (a Command cannot be cloned).
+    let bench = || {
+        let mut cmd = run::bench_binary("bench-imagenet", &[]);
+        cmd.arg("--shards")
+            .arg(&shards)
+            .arg("--out")
+            .arg(&json_path);
+        for (flag, value) in &options {
+            if let Some(v) = value {
+                cmd.arg(flag).arg(v);
+            }
         }
-    }
+        cmd
+    };
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     for round in 0..rounds {
         if rounds > 1 {
             eprintln!("round {} of {rounds}", round + 1);
         }
-        let mut cmd = clone_command(&cmd);
+        let mut cmd = bench();
         // Each round's SVG and trace apart; the median round's become the report's.
         cmd.arg("--svg")
             .arg(round_file(&svg_path, round, rounds))
@@ -169,21 +173,6 @@ fn round_file(path: &Path, round: usize, rounds: usize) -> PathBuf {
         .file_name()
         .map_or_else(Default::default, |n| n.to_string_lossy());
     path.with_file_name(format!("round{}.{name}", round + 1))
-}
-
-fn clone_command(cmd: &std::process::Command) -> std::process::Command {
-    let mut copy = std::process::Command::new(cmd.get_program());
-    copy.args(cmd.get_args());
-    if let Some(dir) = cmd.get_current_dir() {
-        copy.current_dir(dir);
-    }
-    for (key, value) in cmd.get_envs() {
-        match value {
-            Some(v) => copy.env(key, v),
-            None => copy.env_remove(key),
-        };
-    }
-    copy
 }
 
 /// One run of the seed's PyTorch loop on what `ours` measured (model, resolution, batch,
