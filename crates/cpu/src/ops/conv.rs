@@ -80,11 +80,14 @@ impl Geom {
     }
 
     /// Output pixels per tile. An im2col tile is sized to stay in L2; a pointwise convolution
-    /// reads its input in place, so its tiles only split the work — two per thread, as large
-    /// as that allows (small tiles cost a pass over the weight-gradient accumulator each).
+    /// reads its input in place, so its tiles only split the work — one per thread, as large
+    /// as that allows: each GEMM call packs all of B again (megabytes in the deep layers: two
+    /// tiles per thread made 512→2048 and 2048→512 at 7² 5–8% slower forward + backward,
+    /// interleaved in one process), and in the weight gradient each tile is a pass over the
+    /// accumulator.
     fn tile_rows<C>(&self) -> usize {
         if self.pointwise() {
-            let per_tile = self.pixels().div_ceil(2 * parallel::threads());
+            let per_tile = self.pixels().div_ceil(parallel::threads());
             return per_tile.next_multiple_of(8).max(16);
         }
         (TILE_BYTES / (self.k() * std::mem::size_of::<C>()).max(1)).clamp(16, 2048) / 8 * 8
