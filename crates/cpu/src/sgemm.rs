@@ -158,17 +158,12 @@ pub(crate) unsafe fn sgemm(
         }
         for k0 in (0..k).step_by(KC) {
             let kc = KC.min(k - k0);
-            // SAFETY: reads within b's matrix.
-            unsafe {
-                pack_b(
-                    pb,
-                    |p| Some(b.wrapping_offset(p as isize * rsb)),
-                    csb,
-                    k0,
-                    kc,
-                    n,
-                )
-            };
+            for jp in 0..n_panels {
+                let src = b.wrapping_offset(k0 as isize * rsb + (jp * NR) as isize * csb);
+                let dst = &mut pb[jp * NR * kc..(jp + 1) * NR * kc];
+                // SAFETY: rows k0.., columns jp·NR.. of b's matrix.
+                unsafe { pack_piece(dst, src, [rsb, csb], kc, NR.min(n - jp * NR)) };
+            }
             // The first K block applies beta; later ones accumulate.
             let beta = if k0 == 0 { beta } else { 1.0 };
             // SAFETY: the caller's contract; pb holds this block's panels.
@@ -224,9 +219,9 @@ impl PackedBlocks {
     }
 }
 
-/// `dst[p·NR + j] = src[p·rsb + j·csb]` for `p < kc`, `j < cols`: one panel of one K block,
-/// read along whichever of B's axes is contiguous (a transposed B — a 1×1 convolution's OIHW
-/// weights — column by column, not 32 cache lines per row).
+/// `dst[p·NR + j] = src[p·rsb + j·csb]` for `p < kc`, `j < cols`, zeros past `cols`: one
+/// panel of one K block, read along whichever of B's axes is contiguous (a transposed B — a
+/// 1×1 convolution's OIHW weights — column by column, not 32 cache lines per row).
 ///
 /// # Safety
 /// Those elements of `src` are readable; `dst` holds `kc·NR` values.
@@ -237,6 +232,11 @@ unsafe fn pack_piece(
     kc: usize,
     cols: usize,
 ) {
+    if cols < NR {
+        for row in dst.chunks_exact_mut(NR).take(kc) {
+            row[cols..].fill(0.0);
+        }
+    }
     if rsb == 1 && csb != 1 {
         for j in 0..cols {
             // SAFETY: column j's kc values are readable.
