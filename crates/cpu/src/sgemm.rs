@@ -187,7 +187,8 @@ impl PackedBlocks {
     pub unsafe fn new(b: *const f32, [rsb, csb]: [isize; 2], k: usize, n: usize) -> Self {
         let panels = n.div_ceil(NR);
         let width = panels * NR;
-        let mut data = vec![0.0; width * k];
+        // Every element is written below (pack_piece zero-fills past the last column).
+        let mut data = crate::buffer::overwritten(width * k);
         // Threads split the (K block, panel) pieces: a deep layer's B is megabytes, and one
         // thread packing it before the GEMM left the other idle.
         let out = crate::parallel::Disjoint::new(&mut data);
@@ -210,12 +211,48 @@ impl PackedBlocks {
         Self { k, n, data }
     }
 
+    /// A `[k, n]` B whose packed values the caller writes — every one of them, zeros past
+    /// column `n` included — through [`PackedBlocks::offset`] and
+    /// [`PackedBlocks::data_mut`] (a GEMM operand computed straight into the packed layout).
+    pub fn uninit(k: usize, n: usize) -> Self {
+        let width = n.div_ceil(NR) * NR;
+        Self {
+            k,
+            n,
+            data: crate::buffer::overwritten(width * k),
+        }
+    }
+
+    /// Columns of the packed layout: `n` rounded up to whole panels.
+    pub fn width(&self) -> usize {
+        self.n.div_ceil(NR) * NR
+    }
+
+    /// Where `B[p, j]` lies in [`PackedBlocks::data_mut`], for `j <` [`PackedBlocks::width`];
+    /// `B[p, j..j + 16]` are contiguous when `j` is a multiple of 16.
+    pub fn offset(&self, p: usize, j: usize) -> usize {
+        let k0 = p / KC * KC;
+        let kc = KC.min(self.k - k0);
+        k0 * self.width() + (j / NR) * kc * NR + (p - k0) * NR + j % NR
+    }
+
+    pub fn data_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+
     pub fn k(&self) -> usize {
         self.k
     }
 
     pub fn n(&self) -> usize {
         self.n
+    }
+}
+
+impl Drop for PackedBlocks {
+    fn drop(&mut self) {
+        // A deep layer's packed weights are megabytes, packed on every call: reuse the pages.
+        crate::buffer::recycle(std::mem::take(&mut self.data));
     }
 }
 

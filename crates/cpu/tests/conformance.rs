@@ -2,7 +2,7 @@
 //! (op, dtype) pair on small random cases), then the sizes and layouts those small cases do not
 //! reach — several threads, several im2col tiles, the 1×1 fast path, big reductions.
 
-use redline_cpu::CpuBackend;
+use redline_cpu::{ConvAlgorithm, CpuBackend};
 use redline_tensor::{Conv2dParams, DType, Device, Result, Tensor};
 use redline_testkit::conformance::tolerance;
 use redline_testkit::{run_conformance, SuiteConfig};
@@ -36,7 +36,12 @@ fn tensor(shape: &[usize], seed: u64, dev: &Device) -> Tensor {
 
 /// Runs `f` on the CPU backend and on the reference and compares every output (f32 tolerance).
 fn agree(what: &str, f: impl Fn(&Device) -> Result<Vec<Tensor>>) {
-    let (cpu, reference) = (CpuBackend::device(), Device::reference());
+    agree_on(CpuBackend::device(), what, f)
+}
+
+/// [`agree`] on the CPU device `cpu`.
+fn agree_on(cpu: Device, what: &str, f: impl Fn(&Device) -> Result<Vec<Tensor>>) {
+    let reference = Device::reference();
     let got = f(&cpu).unwrap_or_else(|e| panic!("{what} on cpu: {e}"));
     let want = f(&reference).unwrap_or_else(|e| panic!("{what} on the reference: {e}"));
     let (rtol, atol) = tolerance(DType::F32);
@@ -54,10 +59,24 @@ fn agree(what: &str, f: impl Fn(&Device) -> Result<Vec<Tensor>>) {
     }
 }
 
-/// Convolution forward and both gradients through autograd, on either layout.
+/// Convolution forward and both gradients through autograd, on either layout, with each of
+/// the backend's algorithms (Winograd where it applies, and direct).
 fn conv_case(shape: [usize; 4], w: [usize; 4], p: Conv2dParams, channels_last: bool) {
-    agree(
-        &format!("conv {shape:?} * {w:?} {p:?} cl={channels_last}"),
+    for algo in [ConvAlgorithm::Winograd, ConvAlgorithm::Direct] {
+        conv_case_with(algo, shape, w, p, channels_last);
+    }
+}
+
+fn conv_case_with(
+    algo: ConvAlgorithm,
+    shape: [usize; 4],
+    w: [usize; 4],
+    p: Conv2dParams,
+    channels_last: bool,
+) {
+    agree_on(
+        CpuBackend::device_with(algo),
+        &format!("conv {shape:?} * {w:?} {p:?} cl={channels_last} {algo:?}"),
         |dev| {
             let mut x = tensor(&shape, 1, dev);
             if channels_last {
@@ -158,6 +177,24 @@ fn convolutions_over_several_tiles_and_threads() {
         ..Default::default()
     };
     conv_case([3, 16, 15, 13], [8, 4, 3, 3], grouped, true);
+}
+
+#[test]
+fn three_by_three_stride_one_convolutions_by_winograd() {
+    // At least 64 tiles of 4×4 outputs (Winograd's threshold): ragged edges (tiles past the
+    // output), channels that are not a multiple of 16, padding 0, 1 and 2.
+    let pad = |p: usize| Conv2dParams {
+        padding: [p, p],
+        ..Default::default()
+    };
+    for cl in [false, true] {
+        conv_case([4, 32, 16, 16], [32, 32, 3, 3], pad(1), cl);
+        conv_case([2, 48, 30, 26], [40, 48, 3, 3], pad(1), cl);
+    }
+    conv_case([4, 32, 18, 18], [16, 32, 3, 3], pad(0), true);
+    conv_case([3, 24, 21, 21], [40, 24, 3, 3], pad(2), true);
+    // ResNet-50's first-stage 3×3 at a quarter of its size.
+    conv_case([2, 64, 28, 28], [64, 64, 3, 3], pad(1), true);
 }
 
 #[test]

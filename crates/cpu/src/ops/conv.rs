@@ -22,13 +22,28 @@ use crate::ops::elementwise::{dense, Dense};
 use crate::ops::matmul::{gemm_rows, Mat, SharedB};
 use crate::parallel::{self, Disjoint};
 use crate::sgemm::PackedB;
+use crate::ConvAlgorithm;
 
 mod implicit;
+mod winograd;
 
 /// Bytes of one im2col tile: about half a typical L2.
 const TILE_BYTES: usize = 512 * 1024;
 /// Bytes of a strided input gradient's column buffer, at least (see `input_grad`).
 const COLUMN_BUFFER_BYTES: usize = 8 << 20;
+
+/// What a convolution runs with: the device's scratch arena and its algorithm choice.
+#[derive(Clone, Copy)]
+pub(crate) struct Setup<'a> {
+    pub arena: &'a Arena,
+    pub algorithm: ConvAlgorithm,
+}
+
+impl Setup<'_> {
+    fn winograd(&self, g: &Geom) -> bool {
+        self.algorithm == ConvAlgorithm::Winograd && winograd::eligible(g)
+    }
+}
 
 /// Shapes of one convolution.
 #[derive(Debug, Clone, Copy)]
@@ -210,6 +225,29 @@ impl<'a, C: Real> Weights<'a, C> {
             let (ky, kx) = (tap / kw, tap % kw);
             self.l.offset() + c * st[1] + ky * st[2] + kx * st[3]
         }
+    }
+
+    /// Where the tap `(ky, kx)` from input channel `i` to output channel `j` of the
+    /// convolution these weights compute lies in `data` (flipped: `i` is an output channel of
+    /// the weights and the tap is mirrored).
+    fn at(&self, i: usize, j: usize, ky: usize, kx: usize) -> usize {
+        let [_, _, kh, kw] = self.dims();
+        let st = self.l.strides();
+        let (o, c, y, x) = if self.flipped {
+            (i, j, kh - 1 - ky, kw - 1 - kx)
+        } else {
+            (j, i, ky, kx)
+        };
+        self.l.offset() + o * st[0] + c * st[1] + y * st[2] + x * st[3]
+    }
+
+    /// The same weights as f32, when they are.
+    fn as_f32(&self) -> Option<Weights<'a, f32>> {
+        Some(Weights {
+            data: C::as_f32(self.data)?,
+            l: self.l,
+            flipped: self.flipped,
+        })
     }
 
     /// The distance between B's columns in `data`.
@@ -404,7 +442,7 @@ fn tile_range(t: usize, tile: usize, rows: usize) -> std::ops::Range<usize> {
 }
 
 pub(crate) fn conv2d(
-    arena: &Arena,
+    cx: Setup<'_>,
     x: &Data,
     xl: &Layout,
     w: &Data,
@@ -415,12 +453,18 @@ pub(crate) fn conv2d(
     with_compute!(x.dtype(), C => {
         let g = Geom::new(xl.shape(), wl.shape(), out.shape(), p);
         let (xs, ws) = (as_compute::<C>(x), as_compute::<C>(w));
-        let y = forward::<C>(arena, &g, &nhwc(&xs, xl), Weights::new(&ws, wl, false));
+        let y = forward::<C>(cx, &g, &nhwc(&xs, xl), Weights::new(&ws, wl, false));
         finish(x.dtype(), y, out)
     })
 }
 
-fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], w: Weights<'_, C>) -> Vec<C> {
+fn forward<C: Real + Pooled>(cx: Setup<'_>, g: &Geom, x: &[C], w: Weights<'_, C>) -> Vec<C> {
+    let arena = cx.arena;
+    if cx.winograd(g) {
+        if let (Some(x), Some(w)) = (C::as_f32(x), w.as_f32()) {
+            return C::from_f32s(winograd::forward(arena, g, x, &w));
+        }
+    }
     if implicit::eligible(g) && !g.pointwise() {
         if let (Some(x), Some(b)) = (C::as_f32(x), w.packed()) {
             return C::from_f32s(implicit::forward(g, x, &b));
@@ -465,7 +509,7 @@ fn forward<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], w: Weights<'_, C>
 }
 
 pub(crate) fn conv2d_input_grad(
-    arena: &Arena,
+    cx: Setup<'_>,
     gy: &Data,
     gl: &Layout,
     w: &Data,
@@ -479,8 +523,10 @@ pub(crate) fn conv2d_input_grad(
         let dx = match g.transposed() {
             // Stride 1, one group: the gradient is itself a convolution — of g by the flipped,
             // transposed kernel — so it runs on the forward path (no col2im scatter).
-            Some(t) => forward::<C>(arena, &t, &nhwc(&gs, gl), Weights::new(&ws, wl, true)),
-            None => input_grad::<C>(arena, &g, &nhwc(&gs, gl), Weights::new(&ws, wl, false)),
+            Some(t) => {
+                forward::<C>(cx, &t, &nhwc(&gs, gl), Weights::new(&ws, wl, true))
+            }
+            None => input_grad::<C>(cx.arena, &g, &nhwc(&gs, gl), Weights::new(&ws, wl, false)),
         };
         finish(gy.dtype(), dx, out)
     })
@@ -591,7 +637,7 @@ impl Geom {
 }
 
 pub(crate) fn conv2d_weight_grad(
-    arena: &Arena,
+    cx: Setup<'_>,
     x: &Data,
     xl: &Layout,
     gy: &Data,
@@ -602,12 +648,18 @@ pub(crate) fn conv2d_weight_grad(
     with_compute!(x.dtype(), C => {
         let g = Geom::new(xl.shape(), weight_shape, gl.shape(), p);
         let (xs, gs) = (as_compute::<C>(x), as_compute::<C>(gy));
-        let dw = weight_grad::<C>(arena, &g, &nhwc(&xs, xl), &nhwc(&gs, gl));
+        let dw = weight_grad::<C>(cx, &g, &nhwc(&xs, xl), &nhwc(&gs, gl));
         from_compute(x.dtype(), dw)
     })
 }
 
-fn weight_grad<C: Real + Pooled>(arena: &Arena, g: &Geom, x: &[C], gy: &[C]) -> Vec<C> {
+fn weight_grad<C: Real + Pooled>(cx: Setup<'_>, g: &Geom, x: &[C], gy: &[C]) -> Vec<C> {
+    let arena = cx.arena;
+    if cx.winograd(g) {
+        if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
+            return C::from_f32s(winograd::weight_grad(g, x, gy));
+        }
+    }
     if implicit::eligible_weight_grad_rows(g) && !g.pointwise() {
         if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
             return C::from_f32s(implicit::weight_grad_rows(g, x, gy));

@@ -124,38 +124,56 @@ impl<'a, C: Real> SharedB<'a, C> {
         ldc: usize,
         accumulate: bool,
     ) {
-        let packed = match self {
-            SharedB::Plain(b) => return gemm_rows(a, *b, k, n, rows, c, ldc, accumulate),
-            SharedB::Packed(p) => p,
-        };
-        assert!(
-            packed.k() == k && packed.n() == n,
-            "gemm: B is [{}, {}]",
-            packed.k(),
-            packed.n()
-        );
-        let m = rows.len();
-        if m == 0 {
-            return;
+        match self {
+            SharedB::Plain(b) => gemm_rows(a, *b, k, n, rows, c, ldc, accumulate),
+            SharedB::Packed(p) => packed_gemm_rows(p, a, k, n, rows, c, ldc, accumulate),
         }
-        let last = a.offset + (rows.end - 1) * a.strides[0] + k.saturating_sub(1) * a.strides[1];
-        assert!(k == 0 || last < a.data.len(), "gemm: a out of bounds");
-        assert!((m - 1) * ldc + n <= c.len(), "gemm: c out of bounds");
-        // Packed exists only when C is f32 (`new`): the pointers are f32 pointers.
-        let a_ptr = a.data[a.offset + rows.start * a.strides[0]..].as_ptr() as *const f32;
-        let beta = if accumulate { 1.0 } else { 0.0 };
-        // SAFETY: bounds checked above; `c` is a distinct mutable slice.
-        unsafe {
-            sgemm::sgemm_packed(
-                m,
-                a_ptr,
-                a.istrides(),
-                packed,
-                beta,
-                c.as_mut_ptr() as *mut f32,
-                [ldc as isize, 1],
-            )
-        }
+    }
+}
+
+/// [`gemm_rows`] with B packed for our kernel (f32 operands only).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn packed_gemm_rows<C: Real>(
+    packed: &sgemm::PackedBlocks,
+    a: Mat<'_, C>,
+    k: usize,
+    n: usize,
+    rows: std::ops::Range<usize>,
+    c: &mut [C],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(
+        packed.k() == k && packed.n() == n,
+        "gemm: B is [{}, {}]",
+        packed.k(),
+        packed.n()
+    );
+    assert!(
+        C::as_f32(a.data).is_some(),
+        "gemm: a packed B takes f32 operands"
+    );
+    let m = rows.len();
+    if m == 0 {
+        return;
+    }
+    let last = a.offset + (rows.end - 1) * a.strides[0] + k.saturating_sub(1) * a.strides[1];
+    assert!(k == 0 || last < a.data.len(), "gemm: a out of bounds");
+    assert!((m - 1) * ldc + n <= c.len(), "gemm: c out of bounds");
+    // C is f32 (checked above): the pointers are f32 pointers.
+    let a_ptr = a.data[a.offset + rows.start * a.strides[0]..].as_ptr() as *const f32;
+    let beta = if accumulate { 1.0 } else { 0.0 };
+    // SAFETY: bounds checked above; `c` is a distinct mutable slice.
+    unsafe {
+        sgemm::sgemm_packed(
+            m,
+            a_ptr,
+            a.istrides(),
+            packed,
+            beta,
+            c.as_mut_ptr() as *mut f32,
+            [ldc as isize, 1],
+        )
     }
 }
 
