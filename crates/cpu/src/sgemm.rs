@@ -491,60 +491,16 @@ unsafe fn pack_panel(
     }
 }
 
-/// Implicit GEMM over rows `0..m`: `row_i = Σ_t Σ_s a[i·lda + taps[t] + s] · B[t·run + s, :]`
-/// (plus `beta · row_i`) written at `c_row(i)`, with B packed (`taps.len() · run` rows). A
-/// convolution's im2col matrix is never built: each kernel tap is a constant offset into the
-/// (padded) input, and `c_row` places each output row (rows to drop go to a scratch row).
-///
-/// # Safety
-/// [`available`]; every `a[i·lda + taps[t] + s]` for `i` up to `m` rounded up to a multiple of
-/// 12 is readable; `c_row(i)` for `i < m` points at `B.n` writable values that overlap nothing
-/// read here.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn implicit(
-    m: usize,
-    a: *const f32,
-    lda: usize,
-    taps: &[usize],
-    run: usize,
-    b: &PackedB,
-    c_row: impl Fn(usize) -> *mut f32,
-    beta: f32,
-) {
-    assert_eq!(
-        taps.len() * run,
-        b.k,
-        "implicit gemm: taps x run must be B's rows"
-    );
-    for ip in 0..m.div_ceil(MR) {
-        let rows = MR.min(m - ip * MR);
-        for jp in 0..b.n.div_ceil(NR) {
-            let cols = NR.min(b.n - jp * NR);
-            // SAFETY: the caller's contract; the panel holds k·NR values.
-            unsafe {
-                let a = ASrc {
-                    ptr: a.add(ip * MR * lda),
-                    lda,
-                    taps,
-                    run,
-                };
-                let panel = b.data.as_ptr().add(jp * NR * b.k);
-                let tile = std::array::from_fn(|i| c_row(ip * MR + i).wrapping_add(jp * NR));
-                kernel::<true>(a, panel, &tile, 1, beta, rows, cols);
-            }
-        }
-    }
-}
-
-/// [`implicit`] with a pointer per output row: `row_i = Σ_t Σ_s a_row(i)[taps[t] + s] ·
+/// Implicit GEMM with a pointer per output row: `row_i = Σ_t Σ_s a_row(i)[taps[t] + s] ·
 /// B[t·run + s, :]` (plus `beta · row_i`) for rows `0..m`, written at `c + i·ldc`, in the
 /// columns of B's `panels` (of 32 columns: a caller splits a few rows' work
 /// across threads by columns). Rows need not be evenly spaced, so a convolution computes only
 /// its real outputs (none over the padded width) and any stride is one row pointer per output
-/// pixel. Runs the AVX2 kernel (AVX-512 CPUs have it too).
+/// pixel. A convolution's im2col matrix is never built: each kernel tap is a constant offset
+/// from a row's pointer.
 ///
 /// # Safety
-/// AVX2 + FMA; for `i < m`, every `a_row(i) + taps[t] + s` is readable; `c + i·ldc`
+/// [`available`]; for `i < m`, every `a_row(i) + taps[t] + s` is readable; `c + i·ldc`
 /// points at `B.n` writable values that overlap nothing read here.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn implicit_rows(
@@ -596,7 +552,7 @@ pub(crate) unsafe fn implicit_rows(
                     unsafe {
                         let panel = b.data.as_ptr().add(jp * NR * b.k + t0 * run * NR);
                         let tile = rows_of(c.add(ip * MR * ldc + jp * NR), ldc as isize);
-                        kernel_rows_avx2(&a, block, run, panel, &tile, beta, rows, cols);
+                        kernel_rows(&a, block, run, panel, &tile, beta, rows, cols);
                     }
                 }
             }
@@ -604,25 +560,37 @@ pub(crate) unsafe fn implicit_rows(
     }
 }
 
+/// The row-pointer tile of this CPU's kernel.
+///
+/// # Safety
+/// As [`kernel_rows_avx2`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn kernel_rows(
+    a: &[*const f32; MR],
+    taps: &[usize],
+    run: usize,
+    b: *const f32,
+    c_rows: &[*mut f32; MR],
+    beta: f32,
+    rows: usize,
+    cols: usize,
+) {
+    // SAFETY: the caller's contract; AVX-512 is used only where the CPU has it.
+    unsafe {
+        #[cfg(target_arch = "x86_64")]
+        if isa() == Some(Isa::Avx512) {
+            return kernel_rows_avx512(a, taps, run, b, c_rows, beta, rows, cols);
+        }
+        kernel_rows_avx2(a, taps, run, b, c_rows, beta, rows, cols)
+    }
+}
+
 /// The bytes of B that [`implicit_rows`] keeps in cache across row tiles.
 const B_BLOCK_BYTES: usize = 192 << 10;
 
-/// Whether [`implicit_rows`] runs on this CPU (AVX2 + FMA).
-#[cfg(test)]
-pub(crate) fn has_rows_kernel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[cfg(test)]
-        if let Some(forced) = FORCED.with(|f| f.get()) {
-            return forced.is_some();
-        }
-        available() && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// The weight gradient of [`implicit`]: `dw[t·run + s, :] += Σ_{q<m} a[q·lda + taps[t] + s] ·
+/// The weight gradient of a stride-1 implicit GEMM over a padded-width input:
+/// `dw[t·run + s, :] += Σ_{q<m} a[q·lda + taps[t] + s] ·
 /// g_q`, where `g_row(q)` is row `q` of the output gradient (`n` values) or None for a dropped
 /// row (zeros), and `dw` is row-major `[taps·run, n]`.
 ///
@@ -997,6 +965,21 @@ unsafe fn kernel_avx512<const DIRECT: bool>(
             (true, _) => accumulate_avx512::<true, 0>(a, b),
         }
     };
+    // SAFETY: the caller's contract.
+    unsafe { store_avx512(&acc, c_rows, csc, beta, rows, cols) }
+}
+
+/// Writes (or adds, with `beta`) the tile's accumulators to `c`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_avx512(
+    acc: &[[__m512; NV]; MR],
+    c_rows: &[*mut f32; MR],
+    csc: isize,
+    beta: f32,
+    rows: usize,
+    cols: usize,
+) {
     if csc == 1 {
         let masks: [__mmask16; NV] =
             std::array::from_fn(|h| lane_mask(cols.saturating_sub(16 * h)));
@@ -1288,6 +1271,59 @@ unsafe fn accumulate_avx2<const DIRECT: bool, const LDA: usize>(
     acc
 }
 
+/// The 12×32 tile of [`implicit_rows`] on AVX-512: one pass, A row `i` read at
+/// `a[i] + taps[t] + s`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_rows_avx512(
+    a: &[*const f32; MR],
+    taps: &[usize],
+    run: usize,
+    b: *const f32,
+    c_rows: &[*mut f32; MR],
+    beta: f32,
+    rows: usize,
+    cols: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let acc = accumulate_rows_avx512(a, taps, run, b);
+        store_avx512(&acc, c_rows, 1, beta, rows, cols);
+    }
+}
+
+/// The FMA loop of [`kernel_rows_avx512`]: twelve row pointers, each advanced by the tap.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline(never)]
+unsafe fn accumulate_rows_avx512(
+    rows: &[*const f32; MR],
+    taps: &[usize],
+    run: usize,
+    b: *const f32,
+) -> [[__m512; NV]; MR] {
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    let mut p = 0;
+    for &tap in taps {
+        let r: [*const f32; MR] = std::array::from_fn(|i| rows[i].wrapping_add(tap));
+        for step in 0..run {
+            // SAFETY: the B panel holds taps·run rows of NR.
+            let bv: [__m512; NV] =
+                std::array::from_fn(|h| unsafe { _mm512_loadu_ps(b.add(p * NR + 16 * h)) });
+            for (row, &ptr) in acc.iter_mut().zip(&r) {
+                // SAFETY: the caller's contract (row i's tap run is readable).
+                let ai = _mm512_set1_ps(unsafe { *ptr.add(step) });
+                for (r, &bh) in row.iter_mut().zip(&bv) {
+                    *r = _mm512_fmadd_ps(ai, bh, *r);
+                }
+            }
+            p += 1;
+        }
+    }
+    acc
+}
+
 /// The 12×32 tile of [`implicit_rows`] as [`kernel_avx2`]'s four 6×16 passes, A row `i` read
 /// at `a[i] + taps[t] + s`.
 #[cfg(target_arch = "x86_64")]
@@ -1514,10 +1550,12 @@ mod tests {
     /// place; and its weight gradient. Every ISA this CPU runs, ragged m, n and channel counts.
     #[test]
     fn implicit_gemm_with_row_pointers_matches_plain_loops() {
-        if !has_rows_kernel() {
-            eprintln!("no AVX2 + FMA: implicit_rows does not run on this CPU");
-            return;
+        for isa in supported() {
+            with_isa(Some(isa), || check_rows(isa));
         }
+    }
+
+    fn check_rows(isa: Isa) {
         // Rows read out of order and unevenly spaced (as a strided convolution's are), ragged m
         // and n, taps within and across rows.
         for (m, run, lda, n, taps) in [
@@ -1557,7 +1595,10 @@ mod tests {
                         }
                     }
                     let got = out[i * ldc + j];
-                    assert!((got - want).abs() < 1e-3, "out[{i},{j}] {got} vs {want}");
+                    assert!(
+                        (got - want).abs() < 1e-3,
+                        "{isa:?} out[{i},{j}] {got} vs {want}"
+                    );
                 }
             }
         }
@@ -1568,10 +1609,6 @@ mod tests {
     /// them (the blocks follow from B, not from a caller's share).
     #[test]
     fn row_pointer_gemm_bits_do_not_depend_on_the_column_split() {
-        if !has_rows_kernel() {
-            eprintln!("no AVX2 + FMA: implicit_rows does not run on this CPU");
-            return;
-        }
         let (m, run, n, taps) = (20, 512, 128, [0, 512, 1024]);
         let x: Vec<f32> = (0..(m + 3) * run)
             .map(|i| ((i * 7 % 17) as f32 - 8.0) / 9.0)
@@ -1619,10 +1656,6 @@ mod tests {
     /// ragged n.
     #[test]
     fn weight_gradient_with_row_pointers_matches_plain_loops() {
-        if !has_rows_kernel() {
-            eprintln!("no AVX2 + FMA: implicit_rows_weight_grad does not run on this CPU");
-            return;
-        }
         for (m, run, lda, n, taps) in [
             (29, 5, 7, 33, vec![0, 7, 14]),
             (300, 20, 24, 40, vec![0, 24, 48]),
@@ -1669,7 +1702,7 @@ mod tests {
     }
 
     #[test]
-    fn implicit_gemm_and_its_weight_gradient_match_plain_loops() {
+    fn padded_width_weight_gradient_matches_plain_loops() {
         for isa in supported() {
             for (m, run, lda, n, taps) in [
                 (30, 5, 7, 33, vec![0, 7, 14]),
@@ -1681,46 +1714,15 @@ mod tests {
                     .map(|i| ((i * 7 % 17) as f32 - 8.0) / 9.0)
                     .collect();
                 let k = taps.len() * run;
-                let w: Vec<f32> = (0..k * n)
-                    .map(|i| ((i * 3 % 13) as f32 - 6.0) / 7.0)
-                    .collect();
                 let at = |i: usize, t: usize, s: usize| x[i * lda + taps[t] + s];
-                let mut out = vec![0.5f32; m * n];
                 let mut dw = vec![0.0f32; k * n];
                 let g: Vec<f32> = (0..m * n)
                     .map(|i| ((i * 5 % 11) as f32 - 5.0) / 6.0)
                     .collect();
                 with_isa(Some(isa), || unsafe {
-                    let packed = PackedB::new(w.as_ptr(), [n as isize, 1], k, n);
-                    let base = out.as_mut_ptr();
-                    implicit(
-                        m,
-                        x.as_ptr(),
-                        lda,
-                        &taps,
-                        run,
-                        &packed,
-                        |i| base.add(i * n),
-                        1.0,
-                    );
                     let g_row = |q: usize| (q % 5 != 3).then(|| g.as_ptr().add(q * n));
                     implicit_weight_grad(m, x.as_ptr(), lda, &taps, run, g_row, n, dw.as_mut_ptr());
                 });
-                for i in 0..m {
-                    for j in 0..n {
-                        let mut want = 0.5f32;
-                        for t in 0..taps.len() {
-                            for s in 0..run {
-                                want += at(i, t, s) * w[(t * run + s) * n + j];
-                            }
-                        }
-                        let got = out[i * n + j];
-                        assert!(
-                            (got - want).abs() < 1e-3,
-                            "{isa:?} out[{i},{j}] {got} vs {want}"
-                        );
-                    }
-                }
                 for t in 0..taps.len() {
                     for s in 0..run {
                         for j in 0..n {

@@ -1,11 +1,12 @@
-//! Stride-1, single-group f32 convolution as implicit GEMM (no im2col), on our GEMM kernels.
+//! Single-group f32 convolution as implicit GEMM (no im2col), on our GEMM kernels.
 //!
-//! The input is padded once into `[N, Hp, Wp, C]`. Outputs are computed over the padded width:
-//! output `q = y·Wp + x` of an image reads input pixel `q + ky·d·Wp + kx·d` for tap `(ky, kx)`,
-//! so consecutive outputs read consecutive pixels and each tap is a constant offset — the GEMM
-//! kernel reads the input in place. The `Wp - Wo` extra outputs per row are computed and dropped
-//! (3.5% for 56-wide 3×3 layers). The weight gradient runs the same addressing transposed, with
-//! the output gradient laid out at the padded width (zeros in the dropped columns).
+//! The forward pass gives the kernel one A row pointer per output pixel (its receptive field's
+//! first input pixel, in the input padded once into `[N, Hp, Wp, C]`, or in the input itself
+//! when there is no padding); each kernel tap is a constant offset from it. Only real outputs
+//! are computed and any stride works. The stride-1 weight gradient runs the padded-width
+//! addressing transposed: output `q = y·Wp + x` of an image reads input pixel
+//! `q + ky·d·Wp + kx·d` for tap `(ky, kx)`, with the output gradient laid out at the padded
+//! width (zeros in the dropped columns); deep layers' weight gradients run on row pointers too.
 
 use crate::arena::Arena;
 use crate::buffer::overwritten;
@@ -14,7 +15,7 @@ use crate::sgemm::{self, PackedB};
 
 use super::Geom;
 
-/// Output rows (padded-width pixels) per task.
+/// Output rows per task (forward: output pixels; weight gradient: padded-width pixels).
 const TASK_ROWS: usize = 12 * 16;
 /// Weight-gradient rows per task of [`weight_grad_rows`] (a multiple of 12): its packed A
 /// block (these rows × 256 pixels) stays in L2.
@@ -24,24 +25,17 @@ const MIN_TASKS_PER_THREAD: usize = 8;
 /// Rows of slack kept readable past an image (the kernel reads whole 12-row tiles).
 const SLACK_ROWS: usize = 12;
 
-/// Whether `g`'s forward runs here: stride 1, or any stride on AVX2 (the row-pointer path).
+/// Whether `g`'s forward runs here: stride 1, or a stride whose taps cover enough values.
 pub(super) fn eligible(g: &Geom) -> bool {
     // (A strided layer whose taps cover few values — 3 channels with horizontal dilation —
     // has short runs per tap: im2col serves it better. The stem's 7×7 runs 21.)
-    let strided_ok = rows_path() && row_run(g) >= 16;
+    let strided_ok = row_run(g) >= 16;
     g.p.groups == 1 && sgemm::available() && (g.p.stride == [1, 1] || strided_ok)
 }
 
 /// Whether `g`'s weight gradient runs here (stride 1).
 pub(super) fn eligible_weight_grad(g: &Geom) -> bool {
     g.p.stride == [1, 1] && g.p.groups == 1 && sgemm::available()
-}
-
-/// Forward passes on AVX2 CPUs compute only real outputs, one A row pointer per output pixel
-/// (`sgemm::implicit_rows`): no work over the padded width (22% of a 7×7 layer's) and any
-/// stride. AVX-512 CPUs keep the padded-width path on their wider kernel.
-fn rows_path() -> bool {
-    sgemm::isa() == Some(sgemm::Isa::Avx2)
 }
 
 /// Each kernel tap's offset into an NHWC input whose rows are `wp` pixels wide.
@@ -122,49 +116,6 @@ fn pad(g: &Geom, x: &[f32]) -> Padded {
     }
 }
 
-/// Runs `f(image, first row, rows)` over tasks of `TASK_ROWS` padded-width output rows.
-fn tasks(g: &Geom, wp: usize, f: impl Fn(usize, usize, usize) + Sync) {
-    let per_image = g.ho * wp;
-    let per_task = per_image.div_ceil(TASK_ROWS);
-    // Tasks write disjoint output rows: claimed dynamically (same bits either way).
-    parallel::for_each_task(g.n * per_task, |t| {
-        let (image, q0) = (t / per_task, (t % per_task) * TASK_ROWS);
-        f(image, q0, TASK_ROWS.min(per_image - q0));
-    });
-}
-
-/// NHWC output `[N, Ho, Wo, O]` of `x` (NHWC) by the weight matrix `[KH·KW·C, O]`.
-pub(super) fn forward(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
-    if rows_path() {
-        return forward_rows(g, x, b);
-    }
-    let xp = pad(g, x);
-    let (o, wp) = (g.o, xp.wp);
-    let mut y = overwritten::<f32>(g.n * g.ho * g.wo * o);
-    let out = Disjoint::new(&mut y);
-    tasks(g, wp, |image, q0, rows| {
-        // Outputs in the padded columns (x ≥ Wo) land in a scratch row and are dropped.
-        let mut scratch = vec![0.0f32; o];
-        let drop_row = scratch.as_mut_ptr();
-        let c_row = |i: usize| {
-            let (y, x) = ((q0 + i) / wp, (q0 + i) % wp);
-            if x < g.wo && y < g.ho {
-                // SAFETY: inside y (image, y, x < Wo); tasks own disjoint output rows.
-                unsafe { out.ptr().add(((image * g.ho + y) * g.wo + x) * o) }
-            } else {
-                drop_row
-            }
-        };
-        // SAFETY: reads stay in the padded input and its slack; writes as above.
-        unsafe {
-            let a = xp.data.as_ptr().add(image * xp.per_image + q0 * g.c);
-            sgemm::implicit(rows, a, g.c, &xp.taps, g.c, b, c_row, 0.0);
-        }
-        drop(scratch);
-    });
-    y
-}
-
 /// The input as output pixels read it through row pointers: output pixel `r` reads its
 /// receptive field at `row(r) + tap`, where `row(r)` is its top-left input pixel (strided) in
 /// the padded input — or in `x` itself when there is no padding.
@@ -210,8 +161,10 @@ impl<'a> RowSource<'a> {
     }
 }
 
-/// [`forward`] over the real outputs only, through [`RowSource`] row pointers.
-fn forward_rows(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
+/// NHWC output `[N, Ho, Wo, O]` of `x` (NHWC) by the weight matrix `[KH·KW·C, O]`, over the
+/// real outputs only (none over a padded width: 22% of a 7×7 layer's), through [`RowSource`]
+/// row pointers.
+pub(super) fn forward(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
     let src = RowSource::new(g, x);
     let o = g.o;
     let m = g.n * g.ho * g.wo;
@@ -243,13 +196,14 @@ fn forward_rows(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
 }
 
 /// Whether the weight gradient runs on [`weight_grad_rows`] rather than the padded-width
-/// path: on AVX2, for stride-1 layers with fewer output pixels than weight-gradient rows (the
-/// deep ones: 392 pixels against 4,608 rows at 7×7 and 512 channels), where per-thread
-/// partials would each be a pass over a large gradient for little work and the padded width
-/// would add 40% dropped rows (3×3 at 7×7: 1.35–1.55× faster forward + backward, interleaved
-/// runs; at 14×14 0.97–1.07×). Strided layers measured no better than im2col there.
+/// path: for stride-1 layers with fewer output pixels than weight-gradient rows (the deep
+/// ones: 392 pixels against 4,608 rows at 7×7 and 512 channels), where per-thread partials
+/// would each be a pass over a large gradient for little work and the padded width would add
+/// 40% dropped rows (3×3 at 7×7 on AVX2: 1.35–1.55× faster forward + backward, interleaved
+/// runs; at 14×14 0.97–1.07×; on AVX-512 the 7×7 weight gradient 11.9 → 8.3 ms). Strided
+/// layers measured no better than im2col there.
 pub(super) fn eligible_weight_grad_rows(g: &Geom) -> bool {
-    g.p.stride == [1, 1] && g.p.groups == 1 && rows_path() && g.c >= 16 && g.pixels() < g.k()
+    g.p.stride == [1, 1] && g.p.groups == 1 && g.c >= 16 && g.pixels() < g.k()
 }
 
 /// The weight gradient (OIHW) through [`RowSource`] row pointers: threads split its rows and
