@@ -210,8 +210,8 @@ fn deep_layers_with_fewer_pixels_than_weight_gradient_rows() {
     for cl in [false, true] {
         // 50 pixels, 576 rows, 40 outputs (a ragged last panel).
         conv_case([2, 64, 5, 5], [40, 64, 3, 3], pad(1), cl);
-        // Two blocks of 256 pixels (288) against 576 rows.
-        conv_case([2, 64, 12, 12], [24, 64, 3, 3], pad(1), cl);
+        // Two blocks of 256 pixels (288) against 1,152 rows.
+        conv_case([2, 128, 12, 12], [24, 128, 3, 3], pad(1), cl);
         // Strided (the forward's row pointers), and 20 channels: 12-row panels that straddle
         // taps.
         conv_case([2, 48, 7, 7], [36, 48, 3, 3], pad(2), cl);

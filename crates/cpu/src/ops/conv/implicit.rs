@@ -196,14 +196,15 @@ pub(super) fn forward(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
 }
 
 /// Whether the weight gradient runs on [`weight_grad_rows`] rather than the padded-width
-/// path: for stride-1 layers with fewer output pixels than weight-gradient rows (the deep
-/// ones: 392 pixels against 4,608 rows at 7×7 and 512 channels), where per-thread partials
-/// would each be a pass over a large gradient for little work and the padded width would add
-/// 40% dropped rows (3×3 at 7×7 on AVX2: 1.35–1.55× faster forward + backward, interleaved
-/// runs; at 14×14 0.97–1.07×; on AVX-512 the 7×7 weight gradient 11.9 → 8.3 ms). Strided
-/// layers measured no better than im2col there.
+/// path: for stride-1 layers with less than half as many output pixels as weight-gradient
+/// rows (the deep ones: 392 pixels against 4,608 rows at 7×7 and 512 channels), where
+/// per-thread partials would each be a pass over a large gradient for little work and the
+/// padded width would add 40% dropped rows (3×3 at 7×7 on AVX2: 1.35–1.55× faster forward +
+/// backward, interleaved runs; on AVX-512 the weight gradient 11.9 → 8.3 ms). At 14×14 (1,568
+/// pixels, 2,304 rows) it measured 0.97–1.07× on AVX2 and 0.6× on AVX-512. Strided layers
+/// measured no better than im2col there.
 pub(super) fn eligible_weight_grad_rows(g: &Geom) -> bool {
-    g.p.stride == [1, 1] && g.p.groups == 1 && g.c >= 16 && g.pixels() < g.k()
+    g.p.stride == [1, 1] && g.p.groups == 1 && g.c >= 16 && 2 * g.pixels() < g.k()
 }
 
 /// The weight gradient (OIHW) through [`RowSource`] row pointers: threads split its rows and
