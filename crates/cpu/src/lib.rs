@@ -4,9 +4,9 @@
 //!   f32/f16/bf16 and in f64 for f64 and integers, rounding once on store.
 //! * GEMM is our AVX-512 / AVX2 kernel or matrixmultiply's (picked by measurement: see README);
 //!   convolution runs on channels-last data as implicit GEMM (row pointers into the input, no
-//!   im2col), Winograd F(4×4, 3×3) for 3×3 stride-1 layers ([`ConvAlgorithm`]), or tiled im2col
-//!   + GEMM, forward and both gradients; elementwise ops walk strided views in runs; reductions
-//!   walk the input in memory order.
+//!   im2col), Winograd F(4×4, 3×3) for 3×3 stride-1 layers ([`ConvAlgorithm`]), or tiled
+//!   im2col and GEMM, forward and both gradients; elementwise ops walk strided views in runs;
+//!   reductions walk the input in memory order.
 //! * Threads: work is cut into fixed contiguous parts on scoped threads (`REDLINE_CPU_THREADS`,
 //!   default every core). Partitions never depend on timing, so every run gives the same bits
 //!   (DESIGN contract 9); reductions and GEMMs do not even depend on the thread count.

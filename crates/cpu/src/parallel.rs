@@ -122,6 +122,11 @@ impl Job {
     }
 
     fn wait(&self) {
+        // The rest is usually a worker finishing its last part: spin before sleeping (a
+        // futex wake-up costs tens of microseconds, and a step waits thousands of times).
+        if spin_until(|| self.done.load(Ordering::Acquire) >= self.parts) {
+            return;
+        }
         let mut guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
         while self.done.load(Ordering::Acquire) < self.parts {
             guard = self
@@ -133,10 +138,35 @@ impl Job {
     }
 }
 
+/// How long an idle worker, or a caller waiting for its parts, spins before it sleeps: longer
+/// than the gap between two ops of a training step, so workers are awake when the next op's
+/// parts arrive (as OpenMP runtimes do: Intel's spins 200 ms by default).
+const SPIN: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Spins until `ready()` or [`SPIN`] has passed; whether it became ready.
+fn spin_until(ready: impl Fn() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        for _ in 0..64 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() > SPIN {
+            return ready();
+        }
+    }
+}
+
 /// The persistent workers and the queue of calls they help with.
 struct Pool {
     queue: Mutex<VecDeque<Arc<Job>>>,
     wake: Condvar,
+    /// Jobs pushed so far: spinning workers watch it instead of the locked queue.
+    pushed: AtomicUsize,
+    /// Workers asleep on `wake` (a caller notifies only when some are).
+    sleepers: AtomicUsize,
 }
 
 fn pool() -> &'static Pool {
@@ -145,6 +175,8 @@ fn pool() -> &'static Pool {
         let pool: &'static Pool = Box::leak(Box::new(Pool {
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
+            pushed: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
         }));
         for i in 1..threads() {
             let spawned = std::thread::Builder::new()
@@ -162,20 +194,40 @@ fn pool() -> &'static Pool {
 impl Pool {
     fn serve(&self) {
         loop {
-            let job = {
-                let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    while queue.front().is_some_and(|j| j.exhausted()) {
-                        queue.pop_front();
-                    }
-                    if let Some(job) = queue.front() {
-                        break job.clone();
-                    }
-                    queue = self.wake.wait(queue).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            job.help();
+            self.next_job().help();
         }
+    }
+
+    /// The oldest job with parts left: spins for [`SPIN`] watching for a new one, then sleeps.
+    fn next_job(&self) -> Arc<Job> {
+        loop {
+            let seen = self.pushed.load(Ordering::Acquire);
+            if let Some(job) = self.front(&mut self.queue.lock().unwrap_or_else(|e| e.into_inner()))
+            {
+                return job;
+            }
+            if spin_until(|| self.pushed.load(Ordering::Acquire) != seen) {
+                continue;
+            }
+            let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(job) = self.front(&mut queue) {
+                    return job;
+                }
+                // Counted under the lock: a caller pushes under it too, then reads the count.
+                self.sleepers.fetch_add(1, Ordering::SeqCst);
+                queue = self.wake.wait(queue).unwrap_or_else(|e| e.into_inner());
+                self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The first job in `queue` with parts left (exhausted ones are dropped).
+    fn front(&self, queue: &mut VecDeque<Arc<Job>>) -> Option<Arc<Job>> {
+        while queue.front().is_some_and(|j| j.exhausted()) {
+            queue.pop_front();
+        }
+        queue.front().cloned()
     }
 }
 
@@ -198,7 +250,12 @@ fn run(parts: usize, work: &(dyn Fn(usize) + Sync)) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push_back(job.clone());
-    pool.wake.notify_all();
+    pool.pushed.fetch_add(1, Ordering::Release);
+    // A worker that counted itself asleep did so under the queue's lock, before the push
+    // above: it is seen here. One that counts itself later finds the job in the queue first.
+    if pool.sleepers.load(Ordering::SeqCst) > 0 {
+        pool.wake.notify_all();
+    }
     job.help();
     job.wait();
     let payload = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
