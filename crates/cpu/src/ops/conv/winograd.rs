@@ -450,12 +450,14 @@ impl Kernel {
             Store::Plain(u) => vec![Disjoint::new(u)],
         };
         let planes_ref = &planes;
-        let slot = |xi: usize, b: usize, i: usize, j: usize| -> (usize, usize) {
+        // Every ξ's block has the same layout: one offset serves all 36.
+        let slot = |b: usize, i: usize, j: usize| -> usize {
             match planes_ref {
-                Store::Packed(p) => (xi * blocks + b, p[xi * blocks + b].offset(i, j)),
-                Store::Plain(_) => (0, xi * plane(cin * cout) + i * cout + columns(b).start + j),
+                Store::Packed(p) => p[b].offset(i, j),
+                Store::Plain(_) => i * cout + columns(b).start + j,
             }
         };
+        let plain_plane = plane(cin * cout);
         let slots = |b: usize| {
             let n = columns(b).len();
             if packed {
@@ -491,29 +493,38 @@ impl Kernel {
                 } else {
                     (0..ni).for_each(|ii| (0..cout).for_each(|j| gather(ii, j)));
                 }
-                for ii in 0..ni {
-                    for b in 0..blocks {
-                        let cols = columns(b);
-                        for j in (0..slots(b)).step_by(LANES) {
-                            let len = LANES.min(cols.len().saturating_sub(j));
-                            let from = cols.start + j.min(cols.len());
-                            for (t, lanes) in k.iter_mut().flatten().enumerate() {
-                                *lanes = load(&g[(ii * 9 + t) * cout + from..], len);
-                            }
-                            for (row, kernel_row) in rows.iter_mut().zip(&k) {
-                                *row = kernel_1d(kernel_row);
-                            }
-                            columns_of(&rows, kernel_1d, &mut u);
-                            let lanes_out = if packed { LANES } else { len };
-                            for (xi, lanes) in u.iter().flatten().enumerate() {
-                                let (part, at) = slot(xi, b, i0 + ii, j);
-                                // SAFETY: row i0 + ii of every plane is this part's.
-                                let dst = unsafe { outs[part].slice(at..at + lanes_out) };
-                                store(dst, lanes, lanes_out);
+                wide(
+                    #[inline(always)]
+                    || {
+                        for ii in 0..ni {
+                            for b in 0..blocks {
+                                let cols = columns(b);
+                                for j in (0..slots(b)).step_by(LANES) {
+                                    let len = LANES.min(cols.len().saturating_sub(j));
+                                    let from = cols.start + j.min(cols.len());
+                                    for (t, lanes) in k.iter_mut().flatten().enumerate() {
+                                        *lanes = load(&g[(ii * 9 + t) * cout + from..], len);
+                                    }
+                                    for (row, kernel_row) in rows.iter_mut().zip(&k) {
+                                        *row = kernel_1d(kernel_row);
+                                    }
+                                    columns_of(&rows, kernel_1d, &mut u);
+                                    let at = slot(b, i0 + ii, j);
+                                    let n = if packed { LANES } else { len };
+                                    for (xi, lanes) in u.iter().flatten().enumerate() {
+                                        let (part, at) = if packed {
+                                            (xi * blocks + b, at)
+                                        } else {
+                                            (0, xi * plain_plane + at)
+                                        };
+                                        // SAFETY: row i0 + ii of every plane is this part's.
+                                        store(unsafe { outs[part].slice(at..at + n) }, lanes, n);
+                                    }
+                                }
                             }
                         }
-                    }
-                }
+                    },
+                );
             }
             recycle(g);
         });
