@@ -53,8 +53,8 @@ const CACHED_KERNEL_BYTES: usize = 1 << 20;
 /// Tiles per forward block when the kernel does not stay in cache: every block streams it, so
 /// blocks are as tall as the GEMM's row block (12 × 12).
 const STREAMING_BLOCK_TILES: usize = 144;
-/// Output channels per column block, at least (two of the kernels' 32-column panels).
-const MIN_BLOCK_COLUMNS: usize = 64;
+/// Output channels per column block, at least (one of the kernels' 32-column panels).
+const MIN_BLOCK_COLUMNS: usize = 32;
 /// Fewer tiles than this (a whole batch's): the direct convolution. The transformed kernel is
 /// four times the weights and every tile row of the GEMMs passes over it, so with few tiles
 /// (512 channels at 7×7, batch 8: 32) writing and reading it costs more than the
@@ -411,13 +411,14 @@ fn transform_tiles(
     });
 }
 
-/// The transformed kernel the GEMMs multiply by: for each ξ, `U[ξ]` (`[cin, cout]`, ξ = 6a + b
-/// holding `(G g Gᵀ)[a][b]` for every channel pair of the convolution `w` computes), in
-/// column blocks of `width` output channels. Written straight into our GEMM kernel's packed
-/// layout where that kernel runs (no plain copy to pack afterwards), else as plain planes.
+/// The transformed kernel the GEMMs multiply by: for each ξ, `U[ξ]` (`[cin, cols]`, ξ = 6a + b
+/// holding `(G g Gᵀ)[a][b]` for every input channel and the output channels `cols` of the
+/// convolution `w` computes), in column blocks of `width` output channels. Written straight
+/// into our GEMM kernel's packed layout where that kernel runs (no plain copy to pack
+/// afterwards), else as plain planes.
 struct Kernel {
     cin: usize,
-    cout: usize,
+    cols: Range<usize>,
     width: usize,
     blocks: usize,
     store: Store,
@@ -426,38 +427,38 @@ struct Kernel {
 enum Store {
     /// Block `b` of ξ at `ξ · blocks + b`.
     Packed(Vec<PackedBlocks>),
-    /// 36 row-major `[cin, cout]` planes.
+    /// 36 row-major `[cin, cols]` planes.
     Plain(Vec<f32>),
 }
 
 impl Kernel {
-    fn new(w: &Weights<'_, f32>, cin: usize, cout: usize, width: usize) -> Self {
-        let blocks = cout.div_ceil(width);
-        let columns = |b: usize| b * width..((b + 1) * width).min(cout);
-        // Where the values of (ξ, input i, block b's column j) go: a part of `outs` and an
-        // offset there, 16 lanes (from a multiple of 16) contiguous. Packed, a block is
-        // written over its whole padded width (zeros past its columns).
+    fn new(w: &Weights<'_, f32>, cin: usize, cols: Range<usize>, width: usize) -> Self {
+        let ncols = cols.len();
+        let blocks = ncols.div_ceil(width);
+        // Output channels of block b, from 0 (relative to `cols`).
+        let columns = |b: usize| b * width..((b + 1) * width).min(ncols);
         let packed = sgemm::available();
         let mut planes = if packed {
             let blocks = (0..POSITIONS * blocks)
                 .map(|k| PackedBlocks::uninit(cin, columns(k % blocks).len()));
             Store::Packed(blocks.collect())
         } else {
-            Store::Plain(overwritten::<f32>(POSITIONS * plane(cin * cout)))
+            Store::Plain(overwritten::<f32>(POSITIONS * plane(cin * ncols)))
         };
         let outs: Vec<Disjoint<f32>> = match &mut planes {
             Store::Packed(p) => p.iter_mut().map(|p| Disjoint::new(p.data_mut())).collect(),
             Store::Plain(u) => vec![Disjoint::new(u)],
         };
         let planes_ref = &planes;
-        // Every ξ's block has the same layout: one offset serves all 36.
+        // Where block b's column j of input i goes, for every ξ (each ξ's block has the same
+        // layout): 16 lanes from a multiple of 16 are contiguous there. Packed, a block is
+        // written over its whole padded width (zeros past its columns).
         let slot = |b: usize, i: usize, j: usize| -> usize {
             match planes_ref {
                 Store::Packed(p) => p[b].offset(i, j),
-                Store::Plain(_) => i * cout + columns(b).start + j,
+                Store::Plain(_) => i * ncols + columns(b).start + j,
             }
         };
-        let plain_plane = plane(cin * cout);
         let slots = |b: usize| {
             let n = columns(b).len();
             if packed {
@@ -466,18 +467,19 @@ impl Kernel {
                 n
             }
         };
+        let plain_plane = plane(cin * ncols);
         // Weights are gathered a block of LANES inputs at a time into `g[ii][tap][j]`, read
         // along their contiguous axis (OIHW: a kernel's 9 taps, then its inputs): lane by lane
         // across output channels they would be 18 KiB apart at 512 channels, a page and a TLB
         // miss per value.
         let base = w.at(0, 0, 0, 0);
         let step = |i: usize, j: usize| w.at(i, j, 0, 0) - base;
-        let (si, sj) = (step(1.min(cin - 1), 0), step(0, 1.min(cout - 1)));
-        let taps: [usize; 9] = std::array::from_fn(|t| w.at(0, 0, t / 3, t % 3));
-        let parts = parallel::parts_for(POSITIONS * cin * cout, 1 << 15);
+        let (si, sj) = (step(1.min(cin - 1), 0), step(0, 1.min(ncols.max(2) - 1)));
+        let taps: [usize; 9] = std::array::from_fn(|t| w.at(0, cols.start, t / 3, t % 3));
+        let parts = parallel::parts_for(POSITIONS * cin * ncols, 1 << 15);
         let input_blocks = cin.div_ceil(LANES);
         parallel::for_parts(input_blocks, parts.min(input_blocks), |_, range| {
-            let mut g = overwritten::<f32>(LANES * 9 * cout);
+            let mut g = overwritten::<f32>(LANES * 9 * ncols);
             let (mut k, mut rows, mut u) =
                 ([[ZERO; 3]; 3], [[ZERO; PATCH]; 3], [[ZERO; PATCH]; PATCH]);
             for ib in range {
@@ -485,25 +487,25 @@ impl Kernel {
                 let mut gather = |ii: usize, j: usize| {
                     let at = (i0 + ii) * si + j * sj;
                     for (t, &off) in taps.iter().enumerate() {
-                        g[(ii * 9 + t) * cout + j] = w.data[at + off];
+                        g[(ii * 9 + t) * ncols + j] = w.data[at + off];
                     }
                 };
                 if si <= sj {
-                    (0..cout).for_each(|j| (0..ni).for_each(|ii| gather(ii, j)));
+                    (0..ncols).for_each(|j| (0..ni).for_each(|ii| gather(ii, j)));
                 } else {
-                    (0..ni).for_each(|ii| (0..cout).for_each(|j| gather(ii, j)));
+                    (0..ni).for_each(|ii| (0..ncols).for_each(|j| gather(ii, j)));
                 }
                 wide(
                     #[inline(always)]
                     || {
                         for ii in 0..ni {
                             for b in 0..blocks {
-                                let cols = columns(b);
+                                let block = columns(b);
                                 for j in (0..slots(b)).step_by(LANES) {
-                                    let len = LANES.min(cols.len().saturating_sub(j));
-                                    let from = cols.start + j.min(cols.len());
+                                    let len = LANES.min(block.len().saturating_sub(j));
+                                    let from = block.start + j.min(block.len());
                                     for (t, lanes) in k.iter_mut().flatten().enumerate() {
-                                        *lanes = load(&g[(ii * 9 + t) * cout + from..], len);
+                                        *lanes = load(&g[(ii * 9 + t) * ncols + from..], len);
                                     }
                                     for (row, kernel_row) in rows.iter_mut().zip(&k) {
                                         *row = kernel_1d(kernel_row);
@@ -531,16 +533,16 @@ impl Kernel {
         drop(outs);
         Self {
             cin,
-            cout,
+            cols,
             width,
             blocks,
             store: planes,
         }
     }
 
-    /// The output channels of column block `b`.
+    /// The output channels of column block `b`, relative to the kernel's first.
     fn columns(&self, b: usize) -> Range<usize> {
-        b * self.width..((b + 1) * self.width).min(self.cout)
+        b * self.width..((b + 1) * self.width).min(self.cols.len())
     }
 
     /// `c[rows, block b's columns] = a[rows, cin] · U[ξ]`, `c` row-major with row stride `ldc`.
@@ -554,8 +556,8 @@ impl Kernel {
             Store::Plain(u) => {
                 let plane = Mat {
                     data: &u[..],
-                    offset: xi * plane(self.cin * self.cout) + cols.start,
-                    strides: [self.cout, 1],
+                    offset: xi * plane(self.cin * self.cols.len()) + cols.start,
+                    strides: [self.cols.len(), 1],
                 };
                 gemm_rows(a, plane, self.cin, cols.len(), 0..rows, c, ldc, false);
             }
@@ -571,8 +573,9 @@ impl Drop for Kernel {
     }
 }
 
-/// How the forward pass splits its work into tasks: tiles in blocks of `rows`, output
-/// channels in blocks of `width`.
+/// How the forward pass splits its work: tiles in blocks of `rows`, output channels in blocks
+/// of `width` (all of them: the kernel is transformed once and shared by tasks over blocks of
+/// tiles; fewer: tasks own column blocks, each transforming its slice of the kernel).
 #[derive(Clone, Copy, Debug)]
 struct Plan {
     rows: usize,
@@ -591,17 +594,16 @@ impl Plan {
             let rows = fit.max(MIN_BLOCK_TILES).min(per_thread);
             return Self { rows, width: o };
         }
-        // Every block streams the kernel (megabytes in the deep layers: 37 MB at 512
-        // channels): tall blocks, and columns split across threads rather than tiles, so the
-        // kernel is read about once in all (a 7×7 layer has 32 tiles at batch 8).
-        let rows = STREAMING_BLOCK_TILES.min(tiles);
-        let tile_blocks = tiles.div_ceil(rows);
-        let mut blocks = 1;
-        while tile_blocks * blocks < 2 * threads && o / (2 * blocks) >= MIN_BLOCK_COLUMNS {
-            blocks *= 2;
+        // A kernel of megabytes (9.4 MB at 256 channels): written whole and read back by
+        // every block of tiles, it went to memory and back at store bandwidth (a 256-channel
+        // layer's transform took 2–4 ms in a training step). Each task transforms the slice
+        // of its column block instead, which stays in cache while it passes over every tile.
+        let blocks = (2 * threads).min(o / MIN_BLOCK_COLUMNS).max(1);
+        let width = o.div_ceil(blocks).next_multiple_of(MIN_BLOCK_COLUMNS);
+        Self {
+            rows: STREAMING_BLOCK_TILES.min(tiles),
+            width,
         }
-        let width = o.div_ceil(blocks).next_multiple_of(32);
-        Self { rows, width }
     }
 }
 
@@ -621,63 +623,112 @@ fn forward_planned(
     let (c, o) = (g.c, g.o);
     let tiles = Tiles::new(g);
     let count = tiles.count();
-    let kernel = Kernel::new(w, c, o, plan.width.min(o));
     let input = &Inputs { tiles: &tiles, x };
-    // Column blocks of one tile block read the same V: computed once, up front.
-    let shared = (kernel.blocks > 1).then(|| {
-        let mut v = overwritten::<f32>(POSITIONS * plane(count * c));
-        transform_tiles(count, 0, c, &mut v, true, input);
-        v
-    });
     let mut y = overwritten::<f32>(g.pixels() * o);
     let out = Disjoint::new(&mut y);
     let tile_blocks = count.div_ceil(plan.rows);
-    parallel::for_each_task(tile_blocks * kernel.blocks, |task| {
-        let (tb, b) = (task / kernel.blocks, task % kernel.blocks);
-        let first = tb * plan.rows;
-        let rows = plan.rows.min(count - first);
-        let mut local = None;
-        let (v, v_plane, row0) = match &shared {
-            Some(v) => (&v[..], plane(count * c), first),
-            None => {
-                let mut v = arena.take::<f32>(POSITIONS * plane(rows * c));
-                transform_tiles(rows, first, c, &mut v, false, input);
-                (&**local.insert(v), plane(rows * c), 0)
-            }
-        };
-        let cols = kernel.columns(b);
-        let width = cols.len();
-        let stride = plane(rows * width);
-        let mut m = arena.take::<f32>(POSITIONS * stride);
-        for xi in 0..POSITIONS {
-            let a = Mat {
-                data: v,
-                offset: xi * v_plane + row0 * c,
-                strides: [c, 1],
+    let block_rows = |tb: usize| tb * plan.rows..((tb + 1) * plan.rows).min(count);
+    if plan.width >= o {
+        let kernel = Kernel::new(w, c, 0..o, o);
+        parallel::for_each_task(tile_blocks, |tb| {
+            let rows = block_rows(tb);
+            let mut v = arena.take::<f32>(POSITIONS * plane(rows.len() * c));
+            transform_tiles(rows.len(), rows.start, c, &mut v, false, input);
+            let v = Planes {
+                data: &v,
+                plane: plane(rows.len() * c),
+                row0: 0,
             };
-            let dst = &mut m[xi * stride..xi * stride + rows * width];
-            kernel.gemm(xi, b, a, rows, dst, width);
-        }
-        wide(
-            #[inline(always)]
-            || {
-                let mut tm = [[ZERO; PATCH]; PATCH];
-                for r in 0..rows {
-                    for (k0, len) in chunks(width) {
-                        for (xi, lanes) in tm.iter_mut().flatten().enumerate() {
-                            *lanes = load(&m[xi * stride + r * width + k0..], len);
-                        }
-                        // SAFETY: this task's tiles and columns are its own.
-                        unsafe { tiles.write_output(&tm, first + r, cols.start + k0, len, &out) };
-                    }
-                }
-            },
-        );
-    });
-    if let Some(v) = shared {
+            // SAFETY: the block's tiles are this task's.
+            unsafe { multiply_out(arena, &tiles, &kernel, 0, &v, rows, &out) };
+        });
+    } else {
+        // Every column block reads every tile's V: transformed once, up front.
+        let mut v = overwritten::<f32>(POSITIONS * plane(count * c));
+        transform_tiles(count, 0, c, &mut v, true, input);
+        let shared = Planes {
+            data: &v,
+            plane: plane(count * c),
+            row0: 0,
+        };
+        parallel::for_each_task(o.div_ceil(plan.width), |b| {
+            let cols = b * plan.width..((b + 1) * plan.width).min(o);
+            let kernel = Kernel::new(w, c, cols.clone(), cols.len());
+            for tb in 0..tile_blocks {
+                let rows = block_rows(tb);
+                let v = Planes {
+                    row0: rows.start,
+                    ..shared
+                };
+                // SAFETY: these columns of every tile are this task's.
+                unsafe { multiply_out(arena, &tiles, &kernel, 0, &v, rows, &out) };
+            }
+        });
         recycle(v);
     }
     y
+}
+
+/// 36 planes of transformed tiles, `[tiles, C]` each, `plane` apart; row `row0` is the first
+/// tile a call reads.
+#[derive(Clone, Copy)]
+struct Planes<'a> {
+    data: &'a [f32],
+    plane: usize,
+    row0: usize,
+}
+
+/// Tiles `rows`' outputs for column block `b` of `kernel`: the 36 GEMMs of their transformed
+/// inputs `v` by the kernel, then `Aᵀ M A` into NHWC `y`.
+///
+/// # Safety
+/// No other thread writes these tiles' pixels in these columns.
+#[allow(clippy::too_many_arguments)]
+unsafe fn multiply_out(
+    arena: &Arena,
+    tiles: &Tiles,
+    kernel: &Kernel,
+    b: usize,
+    v: &Planes<'_>,
+    rows: Range<usize>,
+    y: &Disjoint<f32>,
+) {
+    let c = kernel.cin;
+    let cols = kernel.columns(b);
+    let (n, width) = (rows.len(), cols.len());
+    let first = kernel.cols.start + cols.start;
+    let stride = plane(n * width);
+    let mut m = arena.take::<f32>(POSITIONS * stride);
+    for xi in 0..POSITIONS {
+        let a = Mat {
+            data: v.data,
+            offset: xi * v.plane + v.row0 * c,
+            strides: [c, 1],
+        };
+        kernel.gemm(
+            xi,
+            b,
+            a,
+            n,
+            &mut m[xi * stride..xi * stride + n * width],
+            width,
+        );
+    }
+    wide(
+        #[inline(always)]
+        || {
+            let mut tm = [[ZERO; PATCH]; PATCH];
+            for r in 0..n {
+                for (k0, len) in chunks(width) {
+                    for (xi, lanes) in tm.iter_mut().flatten().enumerate() {
+                        *lanes = load(&m[xi * stride + r * width + k0..], len);
+                    }
+                    // SAFETY: the caller's contract.
+                    unsafe { tiles.write_output(&tm, rows.start + r, first + k0, len, y) };
+                }
+            }
+        },
+    );
 }
 
 /// The weight gradient (OIHW) of the convolution `g` from NHWC `x` and NHWC `gy`.
