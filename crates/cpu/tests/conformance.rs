@@ -137,8 +137,20 @@ fn convolutions_over_several_tiles_and_threads() {
         },
         false,
     );
-    // Strided 3×3 layers with padding (on AVX2: implicit GEMM with a row pointer per output
-    // pixel), odd sizes, an uneven stride with dilation.
+    // The stem at batch 4, 64 px: its weight gradient's pixels split across threads (4,096
+    // pixels: several parts, their partial gradients summed).
+    conv_case(
+        [4, 3, 64, 64],
+        [8, 3, 7, 7],
+        Conv2dParams {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Default::default()
+        },
+        true,
+    );
+    // Strided 3×3 layers with padding (implicit GEMM with a row pointer per output pixel),
+    // odd sizes, an uneven stride with dilation.
     for cl in [false, true] {
         let s2 = Conv2dParams {
             stride: [2, 2],

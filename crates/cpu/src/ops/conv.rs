@@ -670,6 +670,11 @@ fn weight_grad<C: Real + Pooled>(cx: Setup<'_>, g: &Geom, x: &[C], gy: &[C]) -> 
             return C::from_f32s(implicit::weight_grad(arena, g, x, gy));
         }
     }
+    if implicit::eligible_weight_grad_by_pixels(g) {
+        if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
+            return C::from_f32s(implicit::weight_grad_by_pixels(g, x, gy));
+        }
+    }
     // Deep 1×1 layers (many channels, few pixels): one GEMM over all pixels beats per-tile
     // partials, each a pass over the whole [channels, outputs] accumulator.
     if g.pointwise() && 2 * g.cg >= g.pixels() {
