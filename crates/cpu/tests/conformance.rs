@@ -106,8 +106,10 @@ fn convolutions_over_several_tiles_and_threads() {
     for cl in [false, true] {
         // 3×3 pad 1: several im2col tiles, several images per thread.
         conv_case([4, 16, 24, 24], [16, 16, 3, 3], p3, cl);
-        // 1×1 stride 1: the no-im2col path.
+        // 1×1 stride 1: the no-im2col path; with more outputs than inputs its weight gradient
+        // splits the pixels across threads.
         conv_case([2, 32, 20, 20], [24, 32, 1, 1], Conv2dParams::default(), cl);
+        conv_case([2, 16, 20, 20], [48, 16, 1, 1], Conv2dParams::default(), cl);
     }
     // Deep 1×1 layers (more channels than pixels: one GEMM over all pixels for the weight
     // gradient), grouped too.

@@ -670,14 +670,15 @@ fn weight_grad<C: Real + Pooled>(cx: Setup<'_>, g: &Geom, x: &[C], gy: &[C]) -> 
             return C::from_f32s(implicit::weight_grad(arena, g, x, gy));
         }
     }
-    if implicit::eligible_weight_grad_by_pixels(g) {
+    let deep_pointwise = g.pointwise() && 2 * g.cg >= g.pixels();
+    if implicit::eligible_weight_grad_by_pixels(g) && !deep_pointwise {
         if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
             return C::from_f32s(implicit::weight_grad_by_pixels(g, x, gy));
         }
     }
     // Deep 1×1 layers (many channels, few pixels): one GEMM over all pixels beats per-tile
     // partials, each a pass over the whole [channels, outputs] accumulator.
-    if g.pointwise() && 2 * g.cg >= g.pixels() {
+    if deep_pointwise {
         return pointwise_weight_grad(g, x, gy);
     }
     let (rows, k, o) = (g.pixels(), g.k(), g.o);

@@ -232,14 +232,17 @@ pub(super) fn weight_grad_rows(g: &Geom, x: &[f32], gy: &[f32]) -> Vec<f32> {
     super::sum_into_oihw(g, &dw, 1)
 }
 
-/// Whether a strided layer's weight gradient runs on [`weight_grad_by_pixels`]: one whose
-/// gradient has at most 512 rows (taps × channels). Per layer on AVX-512, batch 8, best of
-/// three runs each against im2col: the 7×7 stem 19.7 → 10.0 ms, 1×1 stride 2 at 256 and 512
-/// channels 6.4 → 5.4 and 6.0 → 5.5; with more rows (3×3 stride 2: 1,152 and up, 1×1 stride 2
-/// at 1,024 channels) 0.7–0.9×.
+/// Whether a layer's weight gradient runs on [`weight_grad_by_pixels`]: a strided one whose
+/// gradient has at most 512 rows (taps × channels), or a 1×1 stride-1 one with at least twice
+/// as many outputs as inputs. Per layer on AVX-512, batch 8, best of three runs each: the 7×7
+/// stem 19.7 → 10.0 ms, 1×1 stride 2 at 256 and 512 channels 6.4 → 5.4 and 6.0 → 5.5 (against
+/// im2col); 1×1 64→256 at 56² 4.8 → 3.7, 128→512 3.0 → 2.85, 256→1024 3.1 → 2.9 (against
+/// per-tile GEMMs, which measured better where inputs outnumber outputs); strided ones with
+/// more rows (3×3 stride 2: 1,152 and up, 1×1 stride 2 at 1,024 channels) 0.7–0.9×.
 pub(super) fn eligible_weight_grad_by_pixels(g: &Geom) -> bool {
+    let pointwise_wide = g.pointwise() && g.o >= 2 * g.cg;
     g.p.groups == 1
-        && g.p.stride != [1, 1]
+        && (g.p.stride != [1, 1] || pointwise_wide)
         && row_run(g) >= 16
         && g.k() <= MAX_BY_PIXELS_ROWS
         && sgemm::available()
