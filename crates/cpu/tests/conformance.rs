@@ -312,6 +312,22 @@ fn large_matmuls_split_rows_across_threads() {
         let batched = tensor(&[3, 40, 50], 6, dev).matmul(&tensor(&[3, 50, 20], 7, dev))?;
         Ok(vec![a.matmul(&b.transpose(0, 1)?)?, batched])
     });
+    // A classifier's few rows (one pass over B, columns split across threads): by a
+    // transposed weight (dot products along its rows), by a plain one, and by a strided one.
+    agree(
+        "matmul 8x300 @ (700x300)^T, @ 300x700, @ a strided 300x350",
+        |dev| {
+            let a = tensor(&[8, 300], 10, dev);
+            let w = tensor(&[700, 300], 11, dev);
+            let b = tensor(&[300, 700], 12, dev);
+            let strided = b.narrow(1, 0, 350)?;
+            Ok(vec![
+                a.matmul(&w.transpose(0, 1)?)?,
+                a.matmul(&b)?,
+                a.matmul(&strided)?,
+            ])
+        },
+    );
 }
 
 #[test]

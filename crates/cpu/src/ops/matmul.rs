@@ -7,12 +7,16 @@
 
 use redline_tensor::Layout;
 
-use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Real};
+use crate::buffer::{as_compute, from_compute, overwritten, with_compute, zeros, Data, Real};
 use crate::parallel::{self, Disjoint};
 use crate::sgemm;
 
 /// Rows per task below which a GEMM is not split further.
 const MIN_ROWS: usize = 64;
+/// At most this many rows (a classifier's batch) against a B of at least [`FEW_ROWS_MIN_B`]
+/// elements: one pass over B instead of a packed GEMM.
+const FEW_ROWS: usize = 16;
+const FEW_ROWS_MIN_B: usize = 1 << 16;
 
 pub(crate) fn matmul(a: &Data, al: &Layout, b: &Data, bl: &Layout) -> Data {
     with_compute!(a.dtype(), C => {
@@ -190,6 +194,19 @@ fn batched<C: Real>(x: &[C], al: &Layout, y: &[C], bl: &Layout) -> Vec<C> {
         )
     };
     let (ab, bb) = (batch_of(al), batch_of(bl));
+    if batches == 1 && m <= FEW_ROWS && k * n >= FEW_ROWS_MIN_B {
+        let a = Mat {
+            data: x,
+            offset: al.offset(),
+            strides: [al.strides()[r - 2], al.strides()[r - 1]],
+        };
+        let b = Mat {
+            data: y,
+            offset: bl.offset(),
+            strides: [bl.strides()[r - 2], bl.strides()[r - 1]],
+        };
+        return few_rows(a, b, m, k, n);
+    }
     let mut out = overwritten::<C>(batches * m * n);
     // Tasks: (batch, row block). Few large matrices split their rows; many small ones don't.
     let blocks = if batches >= parallel::threads() {
@@ -223,4 +240,78 @@ fn batched<C: Real>(x: &[C], al: &Layout, y: &[C], bl: &Layout) -> Vec<C> {
         parallel::for_each_task(tasks, task);
     }
     out
+}
+
+/// `a[m, k] · b[k, n]` for few rows `m` (ResNet's classifier: 8 × 2048 by 2048 × 1000): a
+/// packed GEMM would copy all of B (8 MB) to multiply it by a handful of rows, on one thread
+/// (a task per 64 rows). Instead threads split B's columns and read B once, along its
+/// contiguous axis: rows of B (`c_i += a_ik · b_k`) or, for a transposed B (a weight read as
+/// `Wᵀ`), its columns (`c_ij = a_i · b_j`). Each output is a fixed sequence of operations.
+fn few_rows<C: Real>(a: Mat<'_, C>, b: Mat<'_, C>, m: usize, k: usize, n: usize) -> Vec<C> {
+    let mut out = zeros::<C>(m * n);
+    let c = Disjoint::new(&mut out);
+    // A's rows as slices when they are contiguous (else gathered once: m·k values).
+    let a_rows: Vec<Vec<C>> = (0..m)
+        .map(|i| {
+            (0..k)
+                .map(|p| a.data[a.offset + i * a.strides[0] + p * a.strides[1]])
+                .collect()
+        })
+        .collect();
+    let parts = parallel::parts_for(n, 64);
+    parallel::for_parts(n, parts, |_, cols| {
+        // SAFETY: each part writes its own columns of every row.
+        let row = |i: usize| unsafe { c.slice(i * n + cols.start..i * n + cols.end) };
+        if b.strides[0] == 1 && b.strides[1] != 1 {
+            // B's columns are contiguous: one dot product per output, in 16 fixed lanes.
+            for j in cols.clone() {
+                let column = &b.data[b.offset + j * b.strides[1]..][..k];
+                for (i, a_row) in a_rows.iter().enumerate() {
+                    row(i)[j - cols.start] = dot(a_row, column);
+                }
+            }
+            return;
+        }
+        // Along B's rows.
+        for p in 0..k {
+            let at = b.offset + p * b.strides[0];
+            for (i, a_row) in a_rows.iter().enumerate() {
+                let aip = a_row[p];
+                let dst = row(i);
+                if b.strides[1] == 1 {
+                    let b_row = &b.data[at + cols.start..at + cols.end];
+                    for (v, &bv) in dst.iter_mut().zip(b_row) {
+                        *v += aip * bv;
+                    }
+                } else {
+                    for (v, j) in dst.iter_mut().zip(cols.clone()) {
+                        *v += aip * b.data[at + j * b.strides[1]];
+                    }
+                }
+            }
+        }
+    });
+    out
+}
+
+/// `Σ x_p · y_p` in 16 lanes (`p mod 16`), then the lanes and the tail in order: vectorised,
+/// and the same bits on every run.
+fn dot<C: Real>(x: &[C], y: &[C]) -> C {
+    const L: usize = 16;
+    let mut lanes = [C::ZERO; L];
+    let (xc, yc) = (x.chunks_exact(L), y.chunks_exact(L));
+    let (xt, yt) = (xc.remainder(), yc.remainder());
+    for (xs, ys) in xc.zip(yc) {
+        for l in 0..L {
+            lanes[l] += xs[l] * ys[l];
+        }
+    }
+    let mut sum = C::ZERO;
+    for v in lanes {
+        sum += v;
+    }
+    for (&a, &b) in xt.iter().zip(yt) {
+        sum += a * b;
+    }
+    sum
 }
