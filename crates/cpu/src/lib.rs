@@ -353,14 +353,16 @@ impl Backend for CpuBackend {
         out: &Layout,
     ) -> Result<Storage> {
         let plane = out.shape()[2] * out.shape()[3];
-        let at = ops::nn::checked_index(
-            &self.buffer(positions.storage)?.read(),
-            positions.layout,
-            2,
-            plane,
-        )?;
+        let index = self.buffer(positions.storage)?.read();
         let data = self.buffer(g.storage)?.read();
-        Ok(self.store(ops::pool::max_pool2d_grad(&data, g.layout, &at, p, out)))
+        let grad = match ops::nn::dense_in_range(&index, positions.layout, 2, plane)? {
+            Some(at) => ops::pool::max_pool2d_grad(&data, g.layout, at, p, out),
+            None => {
+                let at = ops::nn::checked_index(&index, positions.layout, 2, plane)?;
+                ops::pool::max_pool2d_grad(&data, g.layout, &at, p, out)
+            }
+        };
+        Ok(self.store(grad))
     }
 
     fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {

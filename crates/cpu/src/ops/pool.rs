@@ -212,10 +212,10 @@ pub(crate) fn avg_pool2d_grad(g: &Data, gl: &Layout, p: &Pool2dParams, out: &Lay
 
 /// The gradient of max pooling: each output's gradient added at its maximum, `at[o]` (flat
 /// in-plane positions, checked by the caller), in output order.
-pub(crate) fn max_pool2d_grad(
+pub(crate) fn max_pool2d_grad<P: Position>(
     g: &Data,
     gl: &Layout,
-    at: &[usize],
+    at: &[P],
     p: &Pool2dParams,
     out: &Layout,
 ) -> Data {
@@ -226,7 +226,7 @@ pub(crate) fn max_pool2d_grad(
     let per_out = plane.ho * plane.wo;
     with_compute!(g.dtype(), C => {
         let values = route(&as_compute::<C>(g), gl, &plane, |gx, i, oy, ox, v| {
-            gx[at[i * per_out + oy * plane.wo + ox]] += v;
+            gx[at[i * per_out + oy * plane.wo + ox].index()] += v;
         });
         let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
         from_compute(g.dtype(), values)
@@ -237,10 +237,10 @@ pub(crate) fn max_pool2d_grad(
 /// without the plane walk's strided reads and the relayout after it. One task per image (windows
 /// overlap across output rows); within it each channel's gradients are added in the plane walk's
 /// order (output rows, then columns), so the sums are bit for bit the same.
-fn max_pool2d_grad_channels_last(
+fn max_pool2d_grad_channels_last<P: Position>(
     g: &Data,
     gl: &Layout,
-    at: &[usize],
+    at: &[P],
     p: &Pool2dParams,
     out: &Layout,
 ) -> Data {
@@ -262,7 +262,7 @@ fn max_pool2d_grad_channels_last(
                         // contiguous.
                         let pos = &at[((b * c + ch) * ho + oy) * wo..][..wo];
                         for (ox, &at) in pos.iter().enumerate() {
-                            gx[at * c + ch] += g_row[ox * c + ch];
+                            gx[at.index() * c + ch] += g_row[ox * c + ch];
                         }
                     }
                 }
@@ -294,6 +294,27 @@ fn route<C: Real>(
         }
     });
     values
+}
+
+/// A max pool's recorded position, as its storage holds it (i64, checked to be in range) or
+/// converted.
+pub(crate) trait Position: Copy + Send + Sync {
+    fn index(self) -> usize;
+}
+
+impl Position for usize {
+    #[inline(always)]
+    fn index(self) -> usize {
+        self
+    }
+}
+
+impl Position for i64 {
+    /// Only for positions checked to lie in `0..len` ([`super::nn::dense_in_range`]).
+    #[inline(always)]
+    fn index(self) -> usize {
+        self as usize
+    }
 }
 
 #[cfg(test)]
