@@ -402,6 +402,7 @@ impl Backend for CpuBackend {
         x: View<'_>,
         y: Option<View<'_>>,
         coef: View<'_>,
+        relu: bool,
         out: &Layout,
     ) -> Result<Storage> {
         let dx = self.buffer(x.storage)?.read();
@@ -416,6 +417,7 @@ impl Backend for CpuBackend {
             second,
             &dc,
             coef.layout.offset(),
+            relu,
             out,
         )))
     }

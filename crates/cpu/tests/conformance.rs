@@ -330,6 +330,59 @@ fn large_matmuls_split_rows_across_threads() {
     );
 }
 
+/// `relu(bn(x) + r)` on channels-last data, fused or as the three ops, with the gradients of
+/// x, the affine parameters and r.
+fn bn_relu(dev: &Device, residual: bool, fused: bool) -> Result<Vec<Tensor>> {
+    let x = tensor(&[6, 24, 17, 19], 17, dev)
+        .to_channels_last()?
+        .with_requires_grad(true);
+    let w = tensor(&[24], 18, dev).with_requires_grad(true);
+    let b = tensor(&[24], 19, dev).with_requires_grad(true);
+    let r = tensor(&[6, 24, 17, 19], 20, dev)
+        .to_channels_last()?
+        .with_requires_grad(true);
+    let r = residual.then_some(&r);
+    let y = if fused {
+        x.batch_norm_relu(Some(&w), Some(&b), None, true, 1e-5, r)?
+    } else {
+        let y = x.batch_norm(Some(&w), Some(&b), None, true, 1e-5)?;
+        r.map_or(Ok(y.clone()), |r| y.add(r))?.relu()?
+    };
+    y.mul(&tensor(y.shape(), 21, dev))?
+        .sum(&[], false)?
+        .backward()?;
+    let mut out = vec![y, x.grad().unwrap(), w.grad().unwrap(), b.grad().unwrap()];
+    out.extend(r.map(|r| r.grad().unwrap()));
+    Ok(out)
+}
+
+#[test]
+fn fused_batch_norm_relu_is_the_three_ops_bit_for_bit() {
+    let dev = CpuBackend::device();
+    for residual in [false, true] {
+        let (fused, composed) = (
+            bn_relu(&dev, residual, true),
+            bn_relu(&dev, residual, false),
+        );
+        let bits = |t: &[Tensor]| -> Vec<Vec<u64>> {
+            t.iter()
+                .map(|t| {
+                    t.to_f64_vec()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(
+            bits(&fused.unwrap()),
+            bits(&composed.unwrap()),
+            "residual {residual}"
+        );
+    }
+}
+
 #[test]
 fn large_reductions_and_elementwise_ops() {
     agree("per-channel statistics of a channels-last batch", |dev| {
@@ -365,6 +418,12 @@ fn large_reductions_and_elementwise_ops() {
                 b.grad().unwrap(),
             ])
         });
+    }
+    for residual in [false, true] {
+        agree(
+            "batch norm + residual + ReLU (one fused pass) forward and backward",
+            |dev| bn_relu(dev, residual, true),
+        );
     }
     agree("softmax and argmax of wide rows", |dev| {
         let x = tensor(&[64, 1000], 10, dev);

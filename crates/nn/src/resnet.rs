@@ -6,7 +6,9 @@
 use redline_tensor::{DType, Device, Pool2dParams, Result, Tensor, TensorError};
 
 use crate::init::Init;
-use crate::layers::{BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU, Sequential};
+use crate::layers::{
+    BatchNorm2d, BatchNormReLU, Conv2d, GlobalAvgPool, Linear, MaxPool2d, Sequential,
+};
 use crate::module::{chain, join, Kind, Module};
 
 /// Which ResNet, and how to initialise it.
@@ -95,20 +97,21 @@ impl Block {
 }
 
 impl Module for Block {
+    /// Each norm with the ReLU after it (and the last with the residual add before it) in one
+    /// fused pass (`BatchNorm2d::forward_relu`): the same values as torchvision's separate
+    /// `bn`, `relu` and `+`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let last = self.convs.len() - 1;
-        let mut y = x.clone();
-        for (i, (conv, bn)) in self.convs.iter().enumerate() {
-            y = bn.forward(&conv.forward(&y)?)?;
-            if i != last {
-                y = y.relu()?;
-            }
-        }
         let shortcut = match &self.downsample {
             Some(d) => d.forward(x)?,
             None => x.clone(),
         };
-        y.add(&shortcut)?.relu()
+        let mut y = x.clone();
+        for (i, (conv, bn)) in self.convs.iter().enumerate() {
+            let residual = (i == last).then_some(&shortcut);
+            y = bn.forward_relu(&conv.forward(&y)?, residual)?;
+        }
+        Ok(y)
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, Kind)) {
@@ -172,8 +175,8 @@ impl ResNet {
         let mut init = Init::new(config.seed, device, config.dtype);
         let stem = Sequential::new()
             .named("conv1", Conv2d::resnet(&mut init, 3, 64, 7, 2, 3)?)
-            .named("bn1", BatchNorm2d::new(&init, 64, 1.0)?)
-            .named("relu", ReLU)
+            // bn1 and its ReLU in one pass (torchvision's `bn1`, `relu`).
+            .named("bn1", BatchNormReLU(BatchNorm2d::new(&init, 64, 1.0)?))
             .named(
                 "maxpool",
                 MaxPool2d(Pool2dParams {

@@ -589,13 +589,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// `[Σy, Σx·y]`. Accumulated in at least f32 (f64 on host backends).
     fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage>;
 
-    /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel `c` (axis 1), written in layout
-    /// `out` as x's dtype; `coef` is a contiguous `[3, C]` of [`stats_dtype`]`(x)`.
+    /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel `c` (axis 1), then
+    /// `max(·, 0)` where `relu` (batch norm, its residual add and the ReLU after them in one
+    /// pass), written in layout `out` as x's dtype; `coef` is a contiguous `[3, C]` of
+    /// [`stats_dtype`]`(x)`.
     fn batch_norm_apply(
         &self,
         x: View<'_>,
         y: Option<View<'_>>,
         coef: View<'_>,
+        relu: bool,
         out: &Layout,
     ) -> Result<Storage>;
 

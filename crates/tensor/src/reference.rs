@@ -366,6 +366,7 @@ impl Backend for Reference {
         x: View<'_>,
         y: Option<View<'_>>,
         coef: View<'_>,
+        relu: bool,
         out: &Layout,
     ) -> Result<Storage> {
         let (xs, k) = (self.gather(x)?, self.gather(coef)?);
@@ -375,7 +376,12 @@ impl Backend for Reference {
         Ok(self.produce(x.dtype(), out, |i| {
             let ch = (i / inner) % c;
             let extra = ys.as_ref().map_or(0.0, |y| k[2 * c + ch] * y[i]);
-            k[ch] * xs[i] + k[c + ch] + extra
+            let v = k[ch] * xs[i] + k[c + ch] + extra;
+            if relu {
+                v.max(0.0)
+            } else {
+                v
+            }
         }))
     }
 

@@ -213,9 +213,10 @@ impl Backend for Broken {
         x: View<'_>,
         y: Option<View<'_>>,
         coef: View<'_>,
+        relu: bool,
         out: &Layout,
     ) -> Result<Storage> {
-        self.inner.batch_norm_apply(x, y, coef, out)
+        self.inner.batch_norm_apply(x, y, coef, relu, out)
     }
     fn sgd(
         &self,

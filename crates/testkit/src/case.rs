@@ -78,6 +78,8 @@ pub struct Case {
     pub conv: Option<Conv2dParams>,
     /// Pooling geometry (pool cases).
     pub pool: Option<Pool2dParams>,
+    /// Batch-norm apply with its fused ReLU.
+    pub relu: bool,
 }
 
 impl Case {
@@ -90,6 +92,7 @@ impl Case {
             axes,
             conv: None,
             pool: None,
+            relu: false,
         }
     }
 
@@ -221,7 +224,7 @@ impl Case {
                     [_, y, coef] => (Some(y), coef),
                     _ => return Err(TensorError::Shape("batch_norm_apply case".into())),
                 };
-                x[0].batch_norm_apply(y, coef)
+                x[0].batch_norm_apply(y, coef, self.relu)
             }
             NnOp::NormalizeInput => Tensor::normalize_input(
                 &x[0],

@@ -74,6 +74,19 @@ fn norms_embedding_dropout_and_pooling() {
             Box::new(|x| x[0].batch_norm(Some(&x[1]), Some(&x[2]), None, true, 1e-5)),
         ),
         (
+            "batch_norm_relu (training, a residual added before the ReLU)",
+            vec![
+                x4.clone(),
+                w.clone(),
+                b.clone(),
+                f64_input(&[3, 2, 3, 2], 10, ViewKind::Plain),
+            ],
+            vec![0, 1, 2, 3],
+            Box::new(|x| {
+                x[0].batch_norm_relu(Some(&x[1]), Some(&x[2]), None, true, 1e-5, Some(&x[3]))
+            }),
+        ),
+        (
             "batch_norm (training, no affine, NCHW)",
             vec![f64_input(&[2, 3, 2, 3], 9, ViewKind::Plain)],
             vec![0],

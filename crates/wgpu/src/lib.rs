@@ -452,6 +452,7 @@ impl Backend for WgpuBackend {
         x: View<'_>,
         y: Option<View<'_>>,
         coef: View<'_>,
+        relu: bool,
         out: &Layout,
     ) -> Result<Storage> {
         let shape = x.layout.shape().to_vec();
@@ -473,13 +474,21 @@ impl Backend for WgpuBackend {
             layout: out,
         };
         let shifted = self.binary(BinaryOp::Add, out_view(&scaled), coef_row(&b), out)?;
-        match y {
-            None => Ok(shifted),
+        let value = match y {
+            None => shifted,
             Some(y) => {
                 let extra = self.binary(BinaryOp::Mul, y, coef_row(&d), out)?;
-                self.binary(BinaryOp::Add, out_view(&shifted), out_view(&extra), out)
+                self.binary(BinaryOp::Add, out_view(&shifted), out_view(&extra), out)?
             }
+        };
+        if !relu {
+            return Ok(value);
         }
+        let value = View {
+            storage: &value,
+            layout: out,
+        };
+        self.unary(UnaryOp::Relu, value, out)
     }
 
     fn sgd(

@@ -138,6 +138,7 @@ pub(crate) fn apply(
     y: Option<(&Data, &Layout)>,
     coef: &Data,
     coef_offset: usize,
+    relu: bool,
     out: &Layout,
 ) -> Data {
     let shape = xl.shape();
@@ -198,6 +199,12 @@ pub(crate) fn apply(
                                 *o += kd * or[j * inner[2]];
                             }
                         }
+                    }
+                }
+                if relu {
+                    // In the same pass, while the run is in L1; as the ReLU op (NaN → 0).
+                    for o in run.iter_mut() {
+                        *o = if *o > C::ZERO { *o } else { C::ZERO };
                     }
                 }
             });

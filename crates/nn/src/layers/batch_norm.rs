@@ -41,23 +41,50 @@ impl BatchNorm2d {
     }
 }
 
-impl Module for BatchNorm2d {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl BatchNorm2d {
+    /// `relu(self(x) + residual)`: ResNet's `bn → relu` and `bn → add → relu` as one fused
+    /// pass in training (`Tensor::batch_norm_relu`); the same values as the three modules.
+    pub fn forward_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+        let training = self.count_batch()?;
+        let residual = residual.map(for_f32).transpose()?;
+        for_f32(x)?.batch_norm_relu(
+            Some(&self.weight),
+            Some(&self.bias),
+            Some(self.running()),
+            training,
+            self.eps,
+            residual.as_ref(),
+        )
+    }
+
+    /// Whether in training mode, counting the batch there.
+    fn count_batch(&self) -> Result<bool> {
         let training = self.training.load(Ordering::Relaxed);
         if training {
             let count = self.batches.fetch_add(1, Ordering::Relaxed) + 1;
             let t = &self.num_batches_tracked;
             no_grad(|| t.assign(&Tensor::full(count as f64, &[], DType::I64, t.device())?))?;
         }
+        Ok(training)
+    }
+
+    fn running(&self) -> RunningStats<'_> {
+        RunningStats {
+            mean: &self.running_mean,
+            var: &self.running_var,
+            momentum: self.momentum,
+        }
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let training = self.count_batch()?;
         // Statistics in f32 under autocast (the parameters and running stats are f32).
         for_f32(x)?.batch_norm(
             Some(&self.weight),
             Some(&self.bias),
-            Some(RunningStats {
-                mean: &self.running_mean,
-                var: &self.running_var,
-                momentum: self.momentum,
-            }),
+            Some(self.running()),
             training,
             self.eps,
         )
@@ -95,5 +122,31 @@ impl Module for BatchNorm2d {
 
     fn shape_and_macs(&self, shape: &[usize]) -> Result<(Vec<usize>, u64)> {
         Ok((shape.to_vec(), 0))
+    }
+}
+
+/// `BatchNorm2d` followed by `ReLU`, as one module computed in one fused pass
+/// ([`BatchNorm2d::forward_relu`]); its state is the norm's, under the norm's own names.
+pub struct BatchNormReLU(pub BatchNorm2d);
+
+impl Module for BatchNormReLU {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.0.forward_relu(x, None)
+    }
+
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, Kind)) {
+        self.0.visit(prefix, f)
+    }
+
+    fn set_training(&self, training: bool) {
+        self.0.set_training(training)
+    }
+
+    fn state_loaded(&self) -> Result<()> {
+        self.0.state_loaded()
+    }
+
+    fn shape_and_macs(&self, shape: &[usize]) -> Result<(Vec<usize>, u64)> {
+        self.0.shape_and_macs(shape)
     }
 }

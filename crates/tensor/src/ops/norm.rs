@@ -2,7 +2,7 @@
 //! them, forward and backward, from its primitives; fused kernels can replace them later).
 
 use crate::autograd::no_grad;
-use crate::backend::{stats_dtype, NnOp, Op};
+use crate::backend::{stats_dtype, BinaryOp, NnOp, Op};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -35,11 +35,8 @@ impl Tensor {
             )));
         }
         let c = self.shape()[1];
-        let fused = [NnOp::BatchNormStats, NnOp::BatchNormApply]
-            .iter()
-            .all(|&op| self.device().backend().supports(Op::Nn(op), self.dtype()));
-        if training && fused {
-            return self.batch_norm_fused(weight, bias, running, eps);
+        if training && self.fused_batch_norm() {
+            return self.batch_norm_fused(weight, bias, running, eps, None, false);
         }
         let mut stat_shape = vec![1; self.rank()];
         stat_shape[1] = c;
@@ -94,9 +91,56 @@ impl Tensor {
         ))
     }
 
-    /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel, in x's dtype and memory order;
-    /// `coef` is `[3, C]` of f32 (f64 for f64). One pass; no gradient.
-    pub fn batch_norm_apply(&self, y: Option<&Tensor>, coef: &Tensor) -> Result<Tensor> {
+    /// `relu(bn(x) + residual)` — batch norm as [`Tensor::batch_norm`], plus an optional
+    /// residual of x's shape, then ReLU: ResNet's `bn → relu` and `bn → add → relu` — in one
+    /// pass over the data in training mode on backends with the fused batch-norm ops (one
+    /// output written instead of three), composed otherwise. The gradient is the composition's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_relu(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        running: Option<RunningStats<'_>>,
+        training: bool,
+        eps: f64,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        if let Some(r) = residual {
+            if r.shape() != self.shape() {
+                return Err(TensorError::shape(format!(
+                    "batch_norm_relu: residual {:?} for input {:?}",
+                    r.shape(),
+                    self.shape()
+                )));
+            }
+        }
+        if training && self.fused_batch_norm() && residual.is_none_or(|r| r.dtype() == self.dtype())
+        {
+            return self.batch_norm_fused(weight, bias, running, eps, residual, true);
+        }
+        let y = self.batch_norm(weight, bias, running, training, eps)?;
+        match residual {
+            Some(r) => y.add(r)?.relu(),
+            None => y.relu(),
+        }
+    }
+
+    /// Whether this backend has the two fused batch-norm ops for this dtype.
+    fn fused_batch_norm(&self) -> bool {
+        [NnOp::BatchNormStats, NnOp::BatchNormApply]
+            .iter()
+            .all(|&op| self.device().backend().supports(Op::Nn(op), self.dtype()))
+    }
+
+    /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel, then `max(·, 0)` where `relu`,
+    /// in x's dtype and memory order; `coef` is `[3, C]` of f32 (f64 for f64). One pass; no
+    /// gradient.
+    pub fn batch_norm_apply(
+        &self,
+        y: Option<&Tensor>,
+        coef: &Tensor,
+        relu: bool,
+    ) -> Result<Tensor> {
         self.check_channels("batch_norm_apply", y)?;
         let c = self.shape()[1];
         let want = stats_dtype(self.dtype());
@@ -113,9 +157,13 @@ impl Tensor {
             .check(Op::Nn(NnOp::BatchNormApply), self.dtype())?;
         let coef = coef.contiguous()?;
         let out = self.layout().output_like();
-        let storage =
-            self.backend()
-                .batch_norm_apply(self.view(), y.map(|y| y.view()), coef.view(), &out)?;
+        let storage = self.backend().batch_norm_apply(
+            self.view(),
+            y.map(|y| y.view()),
+            coef.view(),
+            relu,
+            &out,
+        )?;
         Ok(Tensor::from_storage(storage, out, self.device().clone()))
     }
 
@@ -143,13 +191,17 @@ impl Tensor {
 
     /// Training-mode batch norm in four passes over the data (statistics, normalisation; in
     /// backward, the two reductions and the input gradient), instead of the ~30 of the
-    /// composition: the fused path for backends that declare the two batch-norm ops.
+    /// composition: the fused path for backends that declare the two batch-norm ops. With
+    /// `relu`, `relu(bn(x) + residual)` in the same normalisation pass; its backward masks
+    /// the gradient by the output (`> 0` exactly where the ReLU's input was) first.
     fn batch_norm_fused(
         &self,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
         running: Option<RunningStats<'_>>,
         eps: f64,
+        residual: Option<&Tensor>,
+        relu: bool,
     ) -> Result<Tensor> {
         let c = self.shape()[1];
         let n = (self.numel() / c.max(1)) as f64;
@@ -187,15 +239,24 @@ impl Tensor {
             }
             Ok((mean, rstd, scale, shift, w))
         })?;
-        let zeros = scale.scalar_like(0.0)?.broadcast_to(&[c])?;
-        let coef = Tensor::stack(&[&scale, &shift, &zeros], 0)?;
-        let y = x.batch_norm_apply(None, &coef)?;
+        let residual_scale = scale.scalar_like(if residual.is_some() { 1.0 } else { 0.0 })?;
+        let coef = Tensor::stack(&[&scale, &shift, &residual_scale.broadcast_to(&[c])?], 0)?;
+        let r = residual.map(Tensor::detach);
+        let y = x.batch_norm_apply(r.as_ref(), &coef, relu)?;
         let mut inputs = vec![self];
         inputs.extend(weight);
         inputs.extend(bias);
-        let (has_w, has_b) = (weight.is_some(), bias.is_some());
+        inputs.extend(residual);
+        let (has_w, has_b, has_r) = (weight.is_some(), bias.is_some(), residual.is_some());
         let (w_dtype, b_dtype) = (weight.map(|t| t.dtype()), bias.map(|t| t.dtype()));
+        // The output (without its graph), for the ReLU's mask.
+        let out = relu.then(|| y.detach());
         Ok(y.record("batch_norm", &inputs, move |g| {
+            let masked = out
+                .as_ref()
+                .map(|z| z.binary(BinaryOp::ReluGrad, g))
+                .transpose()?;
+            let g = masked.as_ref().unwrap_or(g);
             let sums = x.batch_norm_stats(Some(g))?;
             let (sum_g, sum_xg) = (row(&sums, 0)?, row(&sums, 1)?);
             // Σ (x - mean)·g, and the input gradient's per-channel coefficients:
@@ -213,7 +274,7 @@ impl Tensor {
                 .mul_scalar(-1.0 / n)?;
             let k1 = rw.mul(&sum_g)?.mul_scalar(-1.0 / n)?.sub(&mean.mul(&k0)?)?;
             let coef = Tensor::stack(&[&k0, &k1, &rw], 0)?;
-            let dx = x.batch_norm_apply(Some(g), &coef)?;
+            let dx = x.batch_norm_apply(Some(g), &coef, false)?;
             let mut grads = vec![Some(dx)];
             if has_w {
                 let dw = rstd.mul(&centred)?.cast(w_dtype.unwrap_or(sd))?;
@@ -221,6 +282,9 @@ impl Tensor {
             }
             if has_b {
                 grads.push(Some(sum_g.cast(b_dtype.unwrap_or(sd))?));
+            }
+            if has_r {
+                grads.push(Some(g.clone()));
             }
             Ok(grads)
         }))
