@@ -491,8 +491,9 @@ unsafe fn pack_panel(
     }
 }
 
-/// Implicit GEMM with a pointer per output row: `row_i = Σ_t Σ_s a_row(i)[taps[t] + s] ·
-/// B[t·run + s, :]` (plus `beta · row_i`) for rows `0..m`, written at `c + i·ldc`, in the
+/// Implicit GEMM with a pointer per input and output row:
+/// `row_i = Σ_t Σ_s a_row(i)[taps[t] + s] · B[t·run + s, :]` (plus `beta · row_i`) for rows
+/// `0..m`, written at `c_row(i)`, in the
 /// columns of B's `panels` (of 32 columns: a caller splits a few rows' work
 /// across threads by columns). Rows need not be evenly spaced, so a convolution computes only
 /// its real outputs (none over the padded width) and any stride is one row pointer per output
@@ -500,8 +501,8 @@ unsafe fn pack_panel(
 /// from a row's pointer.
 ///
 /// # Safety
-/// [`available`]; for `i < m`, every `a_row(i) + taps[t] + s` is readable; `c + i·ldc`
-/// points at `B.n` writable values that overlap nothing read here.
+/// [`available`]; for `i < m`, every `a_row(i) + taps[t] + s` is readable; `c_row(i)`
+/// points at `B.n` writable values that overlap nothing read here nor another row's.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn implicit_rows(
     m: usize,
@@ -510,8 +511,7 @@ pub(crate) unsafe fn implicit_rows(
     run: usize,
     b: &PackedB,
     panels: std::ops::Range<usize>,
-    c: *mut f32,
-    ldc: usize,
+    c_row: impl Fn(usize) -> *mut f32,
     beta: f32,
 ) {
     assert!(
@@ -542,16 +542,18 @@ pub(crate) unsafe fn implicit_rows(
             let group = g0..(g0 + group).min(panels.end);
             for ip in 0..m.div_ceil(MR) {
                 let rows = MR.min(m - ip * MR);
-                // A ragged tile repeats its last row: every address read is a real row's.
-                let a: [*const f32; MR] = std::array::from_fn(|i| a_row((ip * MR + i).min(m - 1)));
+                // A ragged tile repeats its last row: every address read is a real row's (and
+                // only its `rows` real rows are stored).
+                let last = |i: usize| (ip * MR + i).min(m - 1);
+                let a: [*const f32; MR] = std::array::from_fn(|i| a_row(last(i)));
+                let c: [*mut f32; MR] = std::array::from_fn(|i| c_row(last(i)));
                 for jp in group.clone() {
                     let cols = NR.min(b.n - jp * NR);
                     // SAFETY: the caller's contract; the panel holds k·NR values, this block's
-                    // from row t0·run; the tile's rows that are stored (`rows` of them) lie
-                    // in c.
+                    // from row t0·run; the tile's stored rows are real rows of c.
                     unsafe {
                         let panel = b.data.as_ptr().add(jp * NR * b.k + t0 * run * NR);
-                        let tile = rows_of(c.add(ip * MR * ldc + jp * NR), ldc as isize);
+                        let tile = c.map(|row| row.wrapping_add(jp * NR));
                         kernel_rows(&a, block, run, panel, &tile, beta, rows, cols);
                     }
                 }
@@ -1581,8 +1583,9 @@ mod tests {
                 // In two column ranges, as a caller splitting columns across threads does.
                 let (all, half) = (packed.panels(), packed.panels() / 2);
                 let c = out.as_mut_ptr();
-                implicit_rows(m, a_row, &taps, run, &packed, 0..half, c, ldc, 1.0);
-                implicit_rows(m, a_row, &taps, run, &packed, half..all, c, ldc, 1.0);
+                let c_row = |i: usize| c.add(i * ldc);
+                implicit_rows(m, a_row, &taps, run, &packed, 0..half, c_row, 1.0);
+                implicit_rows(m, a_row, &taps, run, &packed, half..all, c_row, 1.0);
             }
             for i in 0..m {
                 for j in 0..ldc {
@@ -1622,29 +1625,10 @@ mod tests {
             let packed = PackedB::new(w.as_ptr(), [n as isize, 1], k, n);
             let a_row = |i: usize| x.as_ptr().add(i * run);
             let all = packed.panels();
-            implicit_rows(
-                m,
-                a_row,
-                &taps,
-                run,
-                &packed,
-                0..all,
-                whole.as_mut_ptr(),
-                n,
-                0.0,
-            );
+            let (w, s) = (whole.as_mut_ptr(), split.as_mut_ptr());
+            implicit_rows(m, a_row, &taps, run, &packed, 0..all, |i| w.add(i * n), 0.0);
             for panels in [0..1, 1..all] {
-                implicit_rows(
-                    m,
-                    a_row,
-                    &taps,
-                    run,
-                    &packed,
-                    panels,
-                    split.as_mut_ptr(),
-                    n,
-                    0.0,
-                );
+                implicit_rows(m, a_row, &taps, run, &packed, panels, |i| s.add(i * n), 0.0);
             }
         }
         let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();

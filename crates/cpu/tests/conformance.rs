@@ -161,6 +161,21 @@ fn convolutions_over_several_tiles_and_threads() {
         };
         conv_case([3, 16, 15, 13], [24, 16, 3, 3], s2, cl);
     }
+    // The input gradient by stride phases: a 5×5 kernel at strides 3 and 2, padding 2 and 1,
+    // odd sizes (taps reading before and after the output gradient: both margins padded).
+    let phases = Conv2dParams {
+        stride: [3, 2],
+        padding: [2, 1],
+        ..Default::default()
+    };
+    conv_case([2, 20, 17, 16], [24, 20, 5, 5], phases, true);
+    // A 3×1 kernel at stride 2: the odd columns are a phase no tap reaches (zeros).
+    let narrow = Conv2dParams {
+        stride: [2, 2],
+        padding: [1, 0],
+        ..Default::default()
+    };
+    conv_case([2, 16, 9, 10], [24, 16, 3, 1], narrow, true);
     let uneven = Conv2dParams {
         stride: [2, 3],
         padding: [2, 1],

@@ -526,7 +526,15 @@ pub(crate) fn conv2d_input_grad(
             Some(t) => {
                 forward::<C>(cx, &t, &nhwc(&gs, gl), Weights::new(&ws, wl, true))
             }
-            None => input_grad::<C>(cx.arena, &g, &nhwc(&gs, gl), Weights::new(&ws, wl, false)),
+            None => {
+                let (gs, w) = (nhwc(&gs, gl), Weights::new(&ws, wl, false));
+                match (C::as_f32(&gs), w.as_f32()) {
+                    (Some(gy), Some(w)) if implicit::eligible_input_grad_phases(&g) => {
+                        C::from_f32s(implicit::input_grad_phases(&g, gy, &w))
+                    }
+                    _ => input_grad::<C>(cx.arena, &g, &gs, w),
+                }
+            }
         };
         finish(gy.dtype(), dx, out)
     })

@@ -13,7 +13,7 @@ use crate::buffer::{overwritten, recycle, zeros};
 use crate::parallel::{self, Disjoint};
 use crate::sgemm::{self, PackedB};
 
-use super::Geom;
+use super::{Geom, Weights};
 
 /// Output rows per task (forward: output pixels; weight gradient: padded-width pixels).
 const TASK_ROWS: usize = 12 * 16;
@@ -176,8 +176,39 @@ pub(super) fn forward(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
         return y;
     }
     let out = Disjoint::new(&mut y);
-    // Few rows (a 7×7 layer: 392 at batch 8 — three row tasks for two threads) also split
-    // B's columns, so every thread gets an even share.
+    let c = out.ptr() as usize; // an address, so the closure can be shared across threads
+                                // SAFETY: each output pixel's receptive field lies in the source (padded, or unpadded
+                                // with every tap inside the input); row r of y is output pixel r.
+    unsafe {
+        rows_gemm(
+            m,
+            |r| src.row(g, r),
+            &src.taps,
+            src.run,
+            b,
+            |r| (c as *mut f32).add(r * o),
+        )
+    };
+    y
+}
+
+/// [`sgemm::implicit_rows`] over rows `0..m` on every thread: tasks of [`TASK_ROWS`] rows,
+/// and few rows (a 7×7 layer: 392 at batch 8 — three row tasks for two threads) also split
+/// B's columns, so every thread gets an even share. Tasks write disjoint rows and columns.
+///
+/// # Safety
+/// As [`sgemm::implicit_rows`] for every row.
+unsafe fn rows_gemm(
+    m: usize,
+    a_row: impl Fn(usize) -> *const f32 + Sync,
+    taps: &[usize],
+    run: usize,
+    b: &PackedB,
+    c_row: impl Fn(usize) -> *mut f32 + Sync,
+) {
+    if m == 0 {
+        return;
+    }
     let row_tasks = m.div_ceil(TASK_ROWS);
     let splits = (MIN_TASKS_PER_THREAD * parallel::threads())
         .div_ceil(row_tasks)
@@ -186,16 +217,159 @@ pub(super) fn forward(g: &Geom, x: &[f32], b: &PackedB) -> Vec<f32> {
         let (t, split) = (t / splits, t % splits);
         let panels = split * b.panels() / splits..(split + 1) * b.panels() / splits;
         let r0 = t * TASK_ROWS;
-        // SAFETY: each output pixel's receptive field lies in the source (padded, or
-        // unpadded with every tap inside the input); tasks write disjoint rows and columns.
+        let rows = TASK_ROWS.min(m - r0);
+        // SAFETY: the caller's contract; this task's rows and panels are its own.
         unsafe {
-            let c = out.ptr().add(r0 * o);
-            let rows = TASK_ROWS.min(m - r0);
-            let a_row = |i: usize| src.row(g, r0 + i);
-            sgemm::implicit_rows(rows, a_row, &src.taps, src.run, b, panels, c, o, 0.0);
+            let (a, c) = (|i: usize| a_row(r0 + i), |i: usize| c_row(r0 + i));
+            sgemm::implicit_rows(rows, a, taps, run, b, panels, c, 0.0);
         }
     });
-    y
+}
+
+/// Whether a strided convolution's input gradient runs on [`input_grad_phases`]: a k×k
+/// kernel (k > 1) with at least 16 input and output channels. Per layer on AVX-512, batch 8,
+/// best of three runs each against im2col + col2im: 3×3 stride 2 at 128, 256 and 512 channels
+/// 11.4 → 6.7, 8.7 → 6.2 and 13.4 → 8.2 ms; 1×1 stride 2 (whose odd phases are zeros and whose
+/// col2im is a plain scatter) measured 0.9× and the stem's 3 channels (a 3-column B) 0.3×.
+pub(super) fn eligible_input_grad_phases(g: &Geom) -> bool {
+    g.p.groups == 1
+        && g.p.stride != [1, 1]
+        && g.p.dilation == [1, 1]
+        && g.kh * g.kw > 1
+        && g.c >= 16
+        && g.o >= 16
+        && sgemm::available()
+}
+
+/// The kernel taps that reach input positions `s·i + a` along one axis, each with the offset
+/// `δ` of the output position it reads there (`i + δ`): those with `a + pad − tap` a multiple
+/// of the stride.
+fn phase_taps(a: usize, stride: usize, pad: usize, kernel: usize) -> Vec<(usize, isize)> {
+    let s = stride as isize;
+    (0..kernel)
+        .filter_map(|t| {
+            let d = (a + pad) as isize - t as isize;
+            (d.rem_euclid(s) == 0).then_some((t, d / s))
+        })
+        .collect()
+}
+
+/// Input positions `s·i + a` (for `i` below this) of an axis of `len`.
+fn phase_len(a: usize, stride: usize, len: usize) -> usize {
+    if a >= len {
+        0
+    } else {
+        (len - a).div_ceil(stride)
+    }
+}
+
+/// The input gradient (NHWC) of a strided convolution from its NHWC output gradient, as one
+/// stride-1 correlation per phase `(a, b)` of the input: `dx[s·i + a, s·j + b]` sums the taps
+/// that reach it (`phase_taps`), each reading `gy[i + δy, j + δx]`, through row pointers into
+/// `gy` padded once. The transposed convolution without im2col's column matrix and col2im's
+/// scatter (oneDNN's way); a phase no tap reaches (a 1×1 stride-2 kernel's odd rows and
+/// columns) is zeros.
+pub(super) fn input_grad_phases(g: &Geom, gy: &[f32], w: &Weights<'_, f32>) -> Vec<f32> {
+    let ([sh, sw], [ph, pw]) = (g.p.stride, g.p.padding);
+    let (c, o) = (g.c, g.o);
+    let rows: Vec<_> = (0..sh).map(|a| phase_taps(a, sh, ph, g.kh)).collect();
+    let cols: Vec<_> = (0..sw).map(|b| phase_taps(b, sw, pw, g.kw)).collect();
+    // gy padded so that every phase position's taps read inside it: `before` positions ahead
+    // of it and `after` past it, per axis.
+    let margins = |taps: &[Vec<(usize, isize)>], stride: usize, len: usize, out: usize| {
+        let (mut before, mut after) = (0isize, 0isize);
+        for (a, phase) in taps.iter().enumerate() {
+            let n = phase_len(a, stride, len) as isize;
+            for &(_, d) in phase {
+                before = before.max(-d);
+                if n > 0 {
+                    after = after.max(n - 1 + d - (out as isize - 1));
+                }
+            }
+        }
+        (before as usize, after as usize)
+    };
+    let (top, bottom) = margins(&rows, sh, g.h, g.ho);
+    let (left, right) = margins(&cols, sw, g.w, g.wo);
+    let (hp, wp) = (g.ho + top + bottom, g.wo + left + right);
+    let mut padded = zeros::<f32>(g.n * hp * wp * o);
+    let dst = Disjoint::new(&mut padded);
+    parallel::for_parts(
+        g.n * g.ho,
+        parallel::parts_for(g.n * g.ho * g.wo * o, 1 << 15),
+        |_, range| {
+            for row in range {
+                let (n, y) = (row / g.ho, row % g.ho);
+                let at = ((n * hp + y + top) * wp + left) * o;
+                // SAFETY: each part copies its own rows into the padded interior.
+                unsafe { dst.slice(at..at + g.wo * o) }
+                    .copy_from_slice(&gy[row * g.wo * o..(row + 1) * g.wo * o]);
+            }
+        },
+    );
+    let mut dx = overwritten::<f32>(g.n * g.h * g.w * c);
+    let out = Disjoint::new(&mut dx);
+    // Addresses, so the row closures can be shared across threads.
+    let (src, dst) = (padded.as_ptr() as usize, out.ptr() as usize);
+    let lane_stride = w.l.strides()[1];
+    for (a, phase_rows) in rows.iter().enumerate() {
+        for (b, phase_cols) in cols.iter().enumerate() {
+            let (hi, wi) = (phase_len(a, sh, g.h), phase_len(b, sw, g.w));
+            let m = g.n * hi * wi;
+            // Phase position r: image n, i, j.
+            let at = move |r: usize| {
+                let (j, rest) = (r % wi, r / wi);
+                (rest / hi, rest % hi, j)
+            };
+            let dx_row = move |r: usize| {
+                let (n, i, j) = at(r);
+                (dst as *mut f32).wrapping_add(((n * g.h + sh * i + a) * g.w + sw * j + b) * c)
+            };
+            if m == 0 {
+                continue;
+            }
+            if phase_rows.is_empty() || phase_cols.is_empty() {
+                parallel::for_parts(m, parallel::parts_for(m * c, 1 << 15), |_, range| {
+                    for r in range {
+                        // SAFETY: this phase's positions are this part's.
+                        unsafe { std::slice::from_raw_parts_mut(dx_row(r), c) }.fill(0.0);
+                    }
+                });
+                continue;
+            }
+            let taps: Vec<(usize, isize, usize, isize)> = phase_rows
+                .iter()
+                .flat_map(|&(ky, dy)| phase_cols.iter().map(move |&(kx, dxx)| (ky, dy, kx, dxx)))
+                .collect();
+            let dy0 = taps.iter().map(|t| t.1).min().unwrap_or(0);
+            let dx0 = taps.iter().map(|t| t.3).min().unwrap_or(0);
+            let offsets: Vec<usize> = taps
+                .iter()
+                .map(|&(_, dy, _, dxx)| ((dy - dy0) as usize * wp + (dxx - dx0) as usize) * o)
+                .collect();
+            // B's row (tap t, output channel oo) holds w[oo, :, ky, kx], read in place.
+            let row = |p: usize| {
+                let (ky, _, kx, _) = taps[p / o];
+                w.data[w.at(0, p % o, ky, kx)..].as_ptr()
+            };
+            // SAFETY: every row p and column j < c of it are elements of the weights.
+            let packed =
+                unsafe { PackedB::from_rows(row, lane_stride as isize, taps.len() * o, c) };
+            let gy_row = move |r: usize| {
+                let (n, i, j) = at(r);
+                let (y, x) = (
+                    (i as isize + top as isize + dy0) as usize,
+                    (j as isize + left as isize + dx0) as usize,
+                );
+                (src as *const f32).wrapping_add(((n * hp + y) * wp + x) * o)
+            };
+            // SAFETY: the margins keep every tap of every phase position inside the padded gy;
+            // phase positions are distinct pixels of dx, each row of c values.
+            unsafe { rows_gemm(m, gy_row, &offsets, o, &packed, dx_row) };
+        }
+    }
+    recycle(padded);
+    dx
 }
 
 /// Whether the weight gradient runs on [`weight_grad_rows`] rather than the padded-width
