@@ -372,6 +372,23 @@ fn bn_relu(dev: &Device, residual: bool, fused: bool) -> Result<Vec<Tensor>> {
 }
 
 #[test]
+fn a_dense_byte_batch_is_normalised_pixel_by_pixel() {
+    // The loader's u8 NHWC batch (the CPU's pixel-by-pixel path) and a strided view of one
+    // (the general walk), each against the reference.
+    let bytes: Vec<u8> = (0..2 * 5 * 7 * 3).map(|i| (i * 37 % 256) as u8).collect();
+    for narrowed in [false, true] {
+        agree("normalize_input of a u8 NHWC batch", |dev| {
+            let mut x = Tensor::from_slice(&bytes, &[2, 5, 7, 3], dev)?;
+            if narrowed {
+                x = x.narrow(1, 1, 3)?;
+            }
+            let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
+            Ok(vec![Tensor::normalize_input(&x, &mean, &std, DType::F32)?])
+        });
+    }
+}
+
+#[test]
 fn fused_batch_norm_relu_is_the_three_ops_bit_for_bit() {
     let dev = CpuBackend::device();
     for residual in [false, true] {

@@ -241,9 +241,27 @@ pub(crate) fn normalize_input(
     // Per-channel scale and shift, broadcast over N, H, W.
     let per_channel = Layout::new(s.to_vec(), vec![0, 1, 0, 0], 0);
     with_compute!(dtype, C => {
-        let src = as_compute::<C>(x);
         let scale: Vec<C> = std.iter().map(|&d| C::c(1.0 / (255.0 * d))).collect();
         let shift: Vec<C> = mean.iter().zip(std).map(|(&m, &d)| C::c(-m / d)).collect();
+        // The loader's case: a dense NHWC u8 batch into channels-last, pixel by pixel (the
+        // strided walk below runs in runs of 3 channels, and widens the bytes first).
+        if let (Data::U8(bytes), Ok(order)) = (x, Layout::channels_last(s)) {
+            if *xl == Layout::contiguous(xl.shape()) && *out == order {
+                let c = s[1];
+                let src = &bytes[..xl.numel()];
+                let mut values = crate::buffer::overwritten::<C>(src.len());
+                crate::parallel::chunks_mut(&mut values, 1 << 15, |start, dst| {
+                    let from = &src[start..start + dst.len()];
+                    let mut ch = start % c;
+                    for (v, &b) in dst.iter_mut().zip(from) {
+                        *v = C::c(f64::from(b)) * scale[ch] + shift[ch];
+                        ch = if ch + 1 == c { 0 } else { ch + 1 };
+                    }
+                });
+                return Ok(from_compute(dtype, values));
+            }
+        }
+        let src = as_compute::<C>(x);
         let values = map([out, &nchw, &per_channel, &per_channel], [&[], &src, &scale, &shift], |v| {
             v[1] * v[2] + v[3]
         });
