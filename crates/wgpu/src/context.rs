@@ -245,13 +245,19 @@ impl Context {
         groups: [u32; 3],
     ) -> Result<()> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let offset = pending.params.len().div_ceil(PARAM_ALIGN) * PARAM_ALIGN;
+        let size = (params.len().max(1) * 4) as u64;
+        let mut offset = pending.params.len().div_ceil(PARAM_ALIGN) * PARAM_ALIGN;
+        if !self.ring_holds(offset as u64 + size) {
+            // The ops encoded so far are bound to the current ring, and their parameters are
+            // written into it only at submit: submit them before the ring is replaced.
+            self.submit(&mut pending)?;
+            offset = 0;
+            self.grow_ring(size);
+        }
         pending.params.resize(offset, 0);
         pending
             .params
             .extend(params.iter().flat_map(|p| p.to_le_bytes()));
-        let size = (params.len().max(1) * 4) as u64;
-        self.ensure_ring(pending.params.len() as u64);
         let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
@@ -294,9 +300,13 @@ impl Context {
         Ok(())
     }
 
-    /// Grows the parameter ring when a batch needs more than it holds. The old ring may still
-    /// be referenced by encoded work, which keeps it alive until that work is done.
-    fn ensure_ring(&self, bytes: u64) {
+    fn ring_holds(&self, bytes: u64) -> bool {
+        self.ring.lock().unwrap_or_else(|p| p.into_inner()).size() >= bytes
+    }
+
+    /// Replaces the parameter ring with one of at least `bytes`. Only with nothing encoded: the
+    /// old ring stays alive as long as submitted work references it.
+    fn grow_ring(&self, bytes: u64) {
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         if ring.size() < bytes {
             *ring = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -407,8 +417,13 @@ impl Context {
     /// `write_buffer` lands before the next submit's commands: a recycled buffer must not be
     /// overwritten under ops that still read it. `write_buffer` copies the host bytes at once, so
     /// the caller's (pooled) host buffer is free when this returns.
+    ///
+    /// The encoder lock is held from that submit until the bytes are queued: otherwise another
+    /// thread could encode an op on a buffer, drop it into the pool, and have this upload take
+    /// it and overwrite it before that op runs (seen as wrong values in concurrent tests).
     pub(crate) fn upload(&self, bytes: &[u8]) -> Result<PooledBuffer> {
-        self.flush()?;
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        self.submit(&mut pending)?;
         let buffer = self.alloc(bytes.len() as u64);
         let padded = bytes.len().div_ceil(4) * 4;
         if padded == bytes.len() {

@@ -323,3 +323,35 @@ fn an_amp_training_step_matches_the_cpu_backend_and_skips_on_overflow() {
         "a skipped step leaves every parameter as it was"
     );
 }
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn uploads_on_other_threads_never_overwrite_buffers_still_in_use() {
+    let Some((device, _)) = device() else { return };
+    // Each thread uploads its own constant, reads it in an op, drops it at once (its buffer goes
+    // back to the shared pool while the op may not have run) and checks the result. An upload
+    // that took that buffer and wrote it ahead of the op would change another thread's numbers.
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let device = device.clone();
+            std::thread::spawn(move || {
+                for round in 0..200 {
+                    let value = (t * 1000 + round) as f32;
+                    let x = Tensor::from_slice(&[value; 64], &[64], &device).expect("upload");
+                    let y = x.add_scalar(0.5).expect("op");
+                    drop(x);
+                    let got = y.to_vec::<f32>().expect("download");
+                    assert!(
+                        got.iter().all(|&v| v == value + 0.5),
+                        "thread {t} round {round}: {:?} instead of {}",
+                        &got[..4],
+                        value + 0.5
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a thread saw another thread's upload");
+    }
+}
