@@ -3,6 +3,7 @@
 //! scripts for side-by-side runs live in `benches/pytorch/`. `cargo xtask bench …` runs them and
 //! prints their tables.
 
+pub mod op_profile;
 pub mod ops;
 
 /// Writes every record of `set` as `folder/<class>/<index>.jpg` (or `.png`): the same bytes,
@@ -37,6 +38,11 @@ pub struct Flags(Vec<String>);
 impl Flags {
     pub fn from_env() -> Self {
         Self(std::env::args().skip(1).collect())
+    }
+
+    /// Whether the switch `name` was given.
+    pub fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|a| a == name)
     }
 
     /// The value after `name`, if given.

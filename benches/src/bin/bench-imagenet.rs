@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use redline::registry::{self, Kind};
+use redline_benches::op_profile::{OpProfile, OpRow};
 use redline_benches::Flags;
 use redline_loader::{Config, Loader, Position};
 use redline_nn::{named_parameters, AdamW, ParamGroup, ResNet, ResNetConfig};
@@ -41,6 +42,14 @@ fn run() -> Res<()> {
     let shards = flag("--shards").ok_or("--shards DIR is required")?;
     let out = flag("--out").ok_or("--out PATH is required")?;
     let (candidate, device) = registry::select(flag("--device").as_deref())?;
+    // Every op timed on the host into a table printed at the end (exact on the synchronous
+    // CPU backend; on an asynchronous device it times the enqueue).
+    let (device, profile) = if flags.has("--profile-ops") {
+        let (device, profile) = OpProfile::wrap(device);
+        (device, Some(profile))
+    } else {
+        (device, None)
+    };
     let software = candidate.kind == Kind::Wgpu && candidate.software;
     // A software adapter runs at ~0.3 GFLOP/s: a small model at low resolution.
     let (default_model, default_res, default_batch) = if software {
@@ -102,6 +111,9 @@ fn run() -> Res<()> {
         trainer.train_step(&mut loader)?.loss.item()?;
     }
     device.synchronize()?;
+    if let Some(profile) = &profile {
+        profile.reset();
+    }
     let started = Instant::now();
     let mut times = Vec::new();
     let mut last_loss = f64::NAN;
@@ -128,6 +140,9 @@ fn run() -> Res<()> {
         }
     }
     eprintln!();
+    if let Some(profile) = &profile {
+        print_profile(&profile.rows(), times.len());
+    }
     let summary = Summary::new(&times, batch);
     let gmac = macs as f64 / 1e9;
     // Training ≈ 3× the forward pass (input and weight gradients), 2 FLOP per MAC.
@@ -168,6 +183,27 @@ fn run() -> Res<()> {
         std::fs::write(path, serde_json::to_string(&chrome_trace(few))?)?;
     }
     Ok(())
+}
+
+/// The per-op table: ms per step for each op and shape, the largest first, and the total.
+fn print_profile(rows: &[OpRow], steps: usize) {
+    let steps = steps.max(1) as f64;
+    let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps;
+    let total: f64 = rows.iter().map(|r| per_step(r.total)).sum();
+    eprintln!("ops per step (host timer around each op), {total:.1} ms in all:");
+    eprintln!(
+        "  {:<44} {:>6} {:>9} {:>6}",
+        "op", "calls", "ms/step", "share"
+    );
+    for r in rows {
+        let ms = per_step(r.total);
+        let calls = r.calls as f64 / steps;
+        eprintln!(
+            "  {:<44} {calls:>6.0} {ms:>9.2} {:>5.1}%",
+            r.label,
+            100.0 * ms / total
+        );
+    }
 }
 
 /// The process's peak resident memory in bytes (Linux), or None.
