@@ -14,10 +14,15 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+mod gathered;
+pub(crate) use gathered::{gathered, PackedA};
+
 const MR: usize = 12;
 /// zmm vectors per tile row; the tile is MR × (16·NV).
 const NV: usize = 2;
 const NR: usize = 16 * NV;
+/// Columns of a packed B panel (and of the register tile).
+pub(crate) const PANEL: usize = NR;
 const KC: usize = 256;
 const MC: usize = MR * 12;
 
@@ -414,7 +419,7 @@ pub(crate) struct PackedB {
 }
 
 impl PackedB {
-    /// Panels of [`Self::PANEL`] columns (the last one zero-padded).
+    /// Panels of [`PANEL`] columns (the last one zero-padded).
     pub fn panels(&self) -> usize {
         self.n.div_ceil(NR)
     }
@@ -1447,6 +1452,73 @@ pub(crate) unsafe fn sgemm_best(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gathered_products_match_a_plain_triple_loop() {
+        for isa in supported() {
+            with_isa(Some(isa), check_gathered);
+        }
+    }
+
+    fn check_gathered() {
+        // Ragged panels, several k blocks (k > 512), one column, an empty sum.
+        for (m, k, n) in [
+            (13, 7, 33),
+            (40, 600, 70),
+            (5, 1100, 3),
+            (24, 0, 40),
+            (1, 3, 1),
+        ] {
+            // A = srcᵀ with src row-major [k, m] (rows m + 3 apart).
+            let ld = m + 3;
+            let src: Vec<f32> = (0..k * ld)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
+                .collect();
+            // B's row p starts at x[p·width]; the first half of the columns are consecutive
+            // offsets (copied per row), the rest scattered (gathered value by value).
+            let width = 2 * n + 5;
+            let x: Vec<f32> = (0..k * width + 1)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0)
+                .collect();
+            let cols: Vec<usize> = (0..n)
+                .map(|j| {
+                    if j < n / 2 {
+                        j + 1
+                    } else {
+                        (j * 7 + 3) % width
+                    }
+                })
+                .collect();
+            let a = unsafe { PackedA::transposed(src.as_ptr(), ld, m, k) };
+            let row = |p: usize| x[p * width..].as_ptr();
+            let (rp, cp) = (a.panels(), n.div_ceil(NR));
+            let mut whole = vec![f32::NAN; m * n];
+            unsafe { gathered(&a, row, &cols, 0..rp, 0..cp, whole.as_mut_ptr(), n) };
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|p| src[p * ld + i] as f64 * x[p * width + cols[j]] as f64)
+                        .sum();
+                    let got = whole[i * n + j] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{m}x{k}x{n} [{i}, {j}]: {got} vs {want}"
+                    );
+                }
+            }
+            // Split into blocks of row and column panels (as threads would): the same bits.
+            let mut split = vec![f32::NAN; m * n];
+            for rows in [0..rp / 2, rp / 2..rp] {
+                for panels in [0..cp / 2, cp / 2..cp] {
+                    unsafe {
+                        gathered(&a, row, &cols, rows.clone(), panels, split.as_mut_ptr(), n)
+                    };
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&split), bits(&whole), "{m}x{k}x{n} split");
+        }
+    }
 
     #[test]
     fn matches_a_plain_triple_loop_on_ragged_shapes() {

@@ -237,10 +237,12 @@ fn deep_layers_with_fewer_pixels_than_weight_gradient_rows() {
         ..Default::default()
     };
     for cl in [false, true] {
-        // 50 pixels, 576 rows, 40 outputs (a ragged last panel).
+        // 50 pixels, 576 rows, 40 outputs (a ragged last panel): the gradient gathered
+        // straight into OIHW.
         conv_case([2, 64, 5, 5], [40, 64, 3, 3], pad(1), cl);
-        // Two blocks of 256 pixels (288) against 1,152 rows.
-        conv_case([2, 128, 12, 12], [24, 128, 3, 3], pad(1), cl);
+        // Two blocks of 256 pixels (338) against 1,152 rows: over a quarter of the rows, so
+        // the rows are split across threads instead.
+        conv_case([2, 128, 13, 13], [24, 128, 3, 3], pad(1), cl);
         // Strided (the forward's row pointers), and 20 channels: 12-row panels that straddle
         // taps.
         conv_case([2, 48, 7, 7], [36, 48, 3, 3], pad(2), cl);
@@ -254,6 +256,23 @@ fn deep_layers_with_fewer_pixels_than_weight_gradient_rows() {
         ..Default::default()
     };
     conv_case([2, 64, 6, 6], [80, 64, 1, 1], s2, true);
+}
+
+#[test]
+fn weight_gradients_gathered_straight_into_oihw() {
+    // Layers with at least four times as many gradient rows or outputs as pixels.
+    let p = |s: usize, pad: usize, d: usize| Conv2dParams {
+        stride: [s, s],
+        padding: [pad, pad],
+        dilation: [d, d],
+        ..Default::default()
+    };
+    // 529 pixels in two blocks against 2,160 rows.
+    conv_case([1, 240, 23, 23], [16, 240, 3, 3], p(1, 1, 1), true);
+    // 1×1 stride 2 with many outputs (blocks of rows as well as of columns): 32 pixels.
+    conv_case([2, 32, 8, 8], [160, 32, 1, 1], p(2, 0, 1), true);
+    // Dilated (a tap per kernel position) with 20 channels: ragged, scattered panels.
+    conv_case([1, 20, 5, 5], [112, 20, 3, 3], p(1, 2, 2), false);
 }
 
 #[test]

@@ -668,6 +668,11 @@ fn weight_grad<C: Real + Pooled>(cx: Setup<'_>, g: &Geom, x: &[C], gy: &[C]) -> 
             return C::from_f32s(winograd::weight_grad(g, x, gy));
         }
     }
+    if implicit::eligible_weight_grad_gathered(g) {
+        if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
+            return C::from_f32s(implicit::weight_grad_gathered(g, x, gy));
+        }
+    }
     if implicit::eligible_weight_grad_rows(g) && !g.pointwise() {
         if let (Some(x), Some(gy)) = (C::as_f32(x), C::as_f32(gy)) {
             return C::from_f32s(implicit::weight_grad_rows(g, x, gy));

@@ -25,6 +25,8 @@ const WEIGHT_GRAD_TASK_ROWS: usize = 12 * 16;
 const MAX_BY_PIXELS_ROWS: usize = 512;
 /// Tasks per thread below which a layer's row tasks are split by columns as well.
 const MIN_TASKS_PER_THREAD: usize = 8;
+/// B panels (of 32 gradient columns) per task of [`weight_grad_gathered`].
+const GATHERED_PANELS_PER_TASK: usize = 8;
 /// Rows of slack kept readable past an image (the kernel reads whole 12-row tiles).
 const SLACK_ROWS: usize = 12;
 
@@ -404,6 +406,58 @@ pub(super) fn weight_grad_rows(g: &Geom, x: &[f32], gy: &[f32]) -> Vec<f32> {
         }
     });
     super::sum_into_oihw(g, &dw, 1)
+}
+
+/// Whether a layer's weight gradient runs on [`weight_grad_gathered`]: the gradient's longer
+/// side at least four times the pixels (ResNet-50's last stage, 392 pixels at batch 8).
+/// There every other path pays for the gradient's size more than for its work: per-thread
+/// partials of megabytes, a zero fill, a relayout into OIHW, and B packed again per task.
+/// Weight gradient per layer on a 2-core Zen 4, against the paths before (alternating runs of
+/// `resnet50_convs`): 3×3 stride 2 at 512 channels 17.2 → 10.0 ms, 1×1 stride 2 1024→2048
+/// 17.5 → 8.0, 3×3 at 512 channels and 7² 15.0 → 9.2, 512→2048 6.3 → 4.5, 2048→512 5.9 →
+/// 4.3. At 1,568 pixels (14²) it measured 0.8–1.15× and stays off: each task gathers and
+/// packs megabytes of B.
+pub(super) fn eligible_weight_grad_gathered(g: &Geom) -> bool {
+    g.p.groups == 1 && sgemm::available() && g.c >= 16 && 4 * g.pixels() <= g.k().max(g.o)
+}
+
+/// The weight gradient straight in OIHW, `dW[o, (c, tap)] = Σ_q gy[q, o] · x_q[tap, c]`: one
+/// GEMM over every pixel ([`sgemm::gathered`]) with A the output gradient transposed (packed
+/// once) and B the receptive fields gathered through [`RowSource`] row pointers, columns in
+/// OIHW order. Threads split the gradient into blocks of rows and columns, each written once:
+/// no partial sums, no zero fill, no relayout pass after.
+pub(super) fn weight_grad_gathered(g: &Geom, x: &[f32], gy: &[f32]) -> Vec<f32> {
+    let src = RowSource::new(g, x);
+    let (o, k, m) = (g.o, g.k(), g.pixels());
+    let taps = g.kh * g.kw;
+    // OIHW column j is (c, tap); its value sits at weight row (tap, c) = t·run + s of the
+    // row-pointer layout, i.e. at `taps[t] + s` from a pixel's row pointer.
+    let cols: Vec<usize> = (0..k)
+        .map(|j| {
+            let row = (j % taps) * g.c + j / taps;
+            src.taps[row / src.run] + row % src.run
+        })
+        .collect();
+    // SAFETY: gy is [m, o] row-major.
+    let a = unsafe { sgemm::PackedA::transposed(gy.as_ptr(), o, o, m) };
+    let mut dw = overwritten::<f32>(o * k);
+    let out = Disjoint::new(&mut dw);
+    let (row_panels, col_panels) = (a.panels(), k.div_ceil(sgemm::PANEL));
+    let col_groups = col_panels.div_ceil(GATHERED_PANELS_PER_TASK);
+    let row_groups = (4 * parallel::threads())
+        .div_ceil(col_groups)
+        .clamp(1, row_panels.div_ceil(4));
+    parallel::for_each_task(row_groups * col_groups, |t| {
+        let (rg, cg) = (t / col_groups, t % col_groups);
+        let rows = rg * row_panels / row_groups..(rg + 1) * row_panels / row_groups;
+        let panels =
+            cg * GATHERED_PANELS_PER_TASK..((cg + 1) * GATHERED_PANELS_PER_TASK).min(col_panels);
+        // SAFETY: receptive fields as in forward_rows; tasks write disjoint tiles of dw.
+        unsafe {
+            sgemm::gathered(&a, |q| src.row(g, q), &cols, rows, panels, out.ptr(), k);
+        }
+    });
+    dw
 }
 
 /// Whether a layer's weight gradient runs on [`weight_grad_by_pixels`]: a strided one whose
