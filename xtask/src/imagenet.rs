@@ -63,6 +63,10 @@ pub struct ImagenetArgs {
     /// and one long run per side puts that drift into the ratio.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Also print a table of the time each op and shape takes per step (host timers around
+    /// each op: exact on the CPU backend, only the enqueue on an asynchronous device).
+    #[arg(long)]
+    profile_ops: bool,
 }
 
 pub fn run(args: ImagenetArgs) -> Result<()> {
@@ -110,6 +114,9 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
             if let Some(v) = value {
                 cmd.arg(flag).arg(v);
             }
+        }
+        if args.profile_ops {
+            cmd.arg("--profile-ops");
         }
         cmd
     };
