@@ -80,6 +80,15 @@ impl OpProfile {
     }
 }
 
+/// The batch-norm ops' label suffix: two operands, and gated.
+fn operands(y: bool, gate: bool) -> &'static str {
+    match (y, gate) {
+        (false, _) => "",
+        (true, false) => " (2)",
+        (true, true) => " (2, gated)",
+    }
+}
+
 fn dense(l: &Layout) -> &'static str {
     if l.is_contiguous() {
         ""
@@ -227,9 +236,14 @@ impl Backend for OpProfile {
         let f = |b: &dyn Backend| b.normalize_input(x, mean, std, dtype, out);
         self.timed(|| "normalize_input".into(), f)
     }
-    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
-        let label = || format!("batch_norm_stats{}", if y.is_some() { " (2)" } else { "" });
-        self.timed(label, |b| b.batch_norm_stats(x, y))
+    fn batch_norm_stats(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
+    ) -> Result<Storage> {
+        let label = || format!("batch_norm_stats{}", operands(y.is_some(), gate.is_some()));
+        self.timed(label, |b| b.batch_norm_stats(x, y, gate))
     }
     fn batch_norm_apply(
         &self,
@@ -237,16 +251,17 @@ impl Backend for OpProfile {
         y: Option<View<'_>>,
         coef: View<'_>,
         relu: bool,
+        gate: Option<View<'_>>,
         out: &Layout,
     ) -> Result<Storage> {
         let label = || {
             format!(
                 "batch_norm_apply{}{}",
-                if y.is_some() { " (2)" } else { "" },
+                operands(y.is_some(), gate.is_some()),
                 if relu { " relu" } else { "" }
             )
         };
-        self.timed(label, |b| b.batch_norm_apply(x, y, coef, relu, out))
+        self.timed(label, |b| b.batch_norm_apply(x, y, coef, relu, gate, out))
     }
     fn sgd(
         &self,

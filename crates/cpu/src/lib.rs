@@ -388,13 +388,22 @@ impl Backend for CpuBackend {
         )?))
     }
 
-    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
+    fn batch_norm_stats(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
+    ) -> Result<Storage> {
         let dx = self.buffer(x.storage)?.read();
         let dy = y
             .map(|y| self.buffer(y.storage).map(|b| b.read()))
             .transpose()?;
+        let dg = gate
+            .map(|g| self.buffer(g.storage).map(|b| b.read()))
+            .transpose()?;
         let second = dy.as_deref().zip(y.map(|y| y.layout));
-        Ok(self.store(ops::batch_norm::stats(&dx, x.layout, second)))
+        let gate = dg.as_deref().zip(gate.map(|g| g.layout.offset()));
+        Ok(self.store(ops::batch_norm::stats(&dx, x.layout, second, gate)))
     }
 
     fn batch_norm_apply(
@@ -403,6 +412,7 @@ impl Backend for CpuBackend {
         y: Option<View<'_>>,
         coef: View<'_>,
         relu: bool,
+        gate: Option<View<'_>>,
         out: &Layout,
     ) -> Result<Storage> {
         let dx = self.buffer(x.storage)?.read();
@@ -410,7 +420,11 @@ impl Backend for CpuBackend {
             .map(|y| self.buffer(y.storage).map(|b| b.read()))
             .transpose()?;
         let dc = self.buffer(coef.storage)?.read();
+        let dg = gate
+            .map(|g| self.buffer(g.storage).map(|b| b.read()))
+            .transpose()?;
         let second = dy.as_deref().zip(y.map(|y| y.layout));
+        let gate = dg.as_deref().zip(gate.map(|g| g.layout.offset()));
         Ok(self.store(ops::batch_norm::apply(
             &dx,
             x.layout,
@@ -418,6 +432,7 @@ impl Backend for CpuBackend {
             &dc,
             coef.layout.offset(),
             relu,
+            gate,
             out,
         )))
     }

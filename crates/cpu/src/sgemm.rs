@@ -456,7 +456,10 @@ impl PackedB {
         n: usize,
     ) -> Self {
         let panels = n.div_ceil(NR);
-        let mut data = vec![0.0; panels * NR * k];
+        // Every value is written below, the last panel's padding columns included: a recycled
+        // vector (fresh pages for megabytes of weights per call cost page faults, and their
+        // release TLB shootdowns).
+        let mut data = crate::buffer::overwritten(panels * NR * k);
         let out = crate::parallel::Disjoint::new(&mut data);
         let parts = crate::parallel::parts_for(panels * k, 1 << 14);
         crate::parallel::for_parts(panels, parts, |_, range| {
@@ -471,7 +474,13 @@ impl PackedB {
     }
 }
 
-/// Panel `jp` of [`PackedB::from_rows`]: `cols` columns of every row.
+impl Drop for PackedB {
+    fn drop(&mut self) {
+        crate::buffer::recycle(std::mem::take(&mut self.data));
+    }
+}
+
+/// Panel `jp` of [`PackedB::from_rows`]: `cols` columns of every row, zeros past them.
 ///
 /// # Safety
 /// As [`PackedB::from_rows`].
@@ -483,6 +492,7 @@ unsafe fn pack_panel(
     cols: usize,
 ) {
     for (p, dst) in panel.chunks_mut(NR).enumerate() {
+        dst[cols..].fill(0.0);
         let src = row(p).wrapping_offset((jp * NR) as isize * csb);
         if csb == 1 {
             // SAFETY: as below, `cols` contiguous values.

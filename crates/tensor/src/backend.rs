@@ -587,18 +587,31 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Per-channel sums over every axis but 1 of `x` (`[N, C, ..]`, any layout): a contiguous
     /// `[2, C]` of [`stats_dtype`]`(x)` holding `[Σx, Σx²]`, or with `y` (x's shape and dtype)
     /// `[Σy, Σx·y]`. Accumulated in at least f32 (f64 on host backends).
-    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage>;
+    ///
+    /// `gate` (only with `y`; a contiguous `[2, C]` `[a; b]` of [`stats_dtype`]`(x)`): `y`
+    /// counts only where `a[c]·x + b[c] > 0`, computed exactly as [`Backend::batch_norm_apply`]
+    /// computes its value from x — the mask of the ReLU after a batch norm, for its backward,
+    /// without reading the forward's output or writing a masked gradient (NaN masks to 0, as
+    /// [`BinaryOp::ReluGrad`]).
+    fn batch_norm_stats(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
+    ) -> Result<Storage>;
 
     /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel `c` (axis 1), then
     /// `max(·, 0)` where `relu` (batch norm, its residual add and the ReLU after them in one
     /// pass), written in layout `out` as x's dtype; `coef` is a contiguous `[3, C]` of
-    /// [`stats_dtype`]`(x)`.
+    /// [`stats_dtype`]`(x)`. `gate` (only with `y`) masks `y` as in
+    /// [`Backend::batch_norm_stats`].
     fn batch_norm_apply(
         &self,
         x: View<'_>,
         y: Option<View<'_>>,
         coef: View<'_>,
         relu: bool,
+        gate: Option<View<'_>>,
         out: &Layout,
     ) -> Result<Storage>;
 

@@ -89,6 +89,33 @@ impl Reference {
         let values = self.values(x.storage)?;
         Ok(x.layout.indices().map(|at| values[at]).collect())
     }
+
+    /// The batch-norm ops' second operand, masked by `gate` `[a; b]` where given: kept where
+    /// `a·x + b`, as `batch_norm_apply` would store it in x's dtype, is above 0.
+    fn gated(
+        &self,
+        xs: &[f64],
+        x: View<'_>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
+    ) -> Result<Option<Vec<f64>>> {
+        let Some(y) = y else { return Ok(None) };
+        let mut ys = self.gather(y)?;
+        if let Some(gate) = gate {
+            let k = self.gather(gate)?;
+            let shape = x.layout.shape();
+            let (c, inner) = (shape[1], shape[2..].iter().product::<usize>().max(1));
+            for (i, (v, &xv)) in ys.iter_mut().zip(xs).enumerate() {
+                let ch = (i / inner) % c;
+                // NaN is not above 0: masked, as ReLU's gradient does.
+                let open = x.dtype().round(k[ch] * xv + k[c + ch]) > 0.0;
+                if !open {
+                    *v = 0.0;
+                }
+            }
+        }
+        Ok(Some(ys))
+    }
 }
 
 /// The (op, dtype) matrix of the host backends (the reference and `redline-cpu`): every op on the
@@ -354,9 +381,14 @@ impl Backend for Reference {
         }))
     }
 
-    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
+    fn batch_norm_stats(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
+    ) -> Result<Storage> {
         let xs = self.gather(x)?;
-        let ys = y.map(|y| self.gather(y)).transpose()?;
+        let ys = self.gated(&xs, x, y, gate)?;
         let sums = ops::norm::batch_norm_reference::stats(&xs, ys.as_deref(), x.layout.shape());
         Ok(self.store(crate::backend::stats_dtype(x.dtype()), sums))
     }
@@ -367,10 +399,11 @@ impl Backend for Reference {
         y: Option<View<'_>>,
         coef: View<'_>,
         relu: bool,
+        gate: Option<View<'_>>,
         out: &Layout,
     ) -> Result<Storage> {
         let (xs, k) = (self.gather(x)?, self.gather(coef)?);
-        let ys = y.map(|y| self.gather(y)).transpose()?;
+        let ys = self.gated(&xs, x, y, gate)?;
         let shape = x.layout.shape();
         let (c, inner) = (shape[1], shape[2..].iter().product::<usize>().max(1));
         Ok(self.produce(x.dtype(), out, |i| {

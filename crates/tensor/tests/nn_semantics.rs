@@ -232,3 +232,29 @@ fn pooling_and_convolution_geometry_errors_are_clear() {
     let y = x.max_pool2d(p).unwrap();
     assert_eq!(y.shape(), [1, 2, 2, 2]);
 }
+
+#[test]
+fn a_batch_norm_gate_masks_the_gradient_where_the_relu_was_closed() {
+    let dev = Device::reference();
+    // x [1, 2, 1, 2]: channel 0 holds (1, -1), channel 1 (2, 3); gate a = (1, -1), b = (0, 2.5):
+    // a·x + b is (1, -1) and (0.5, -0.5) — open, closed, open, closed.
+    let x = t(&[1.0, -1.0, 2.0, 3.0], &[1, 2, 1, 2], &dev);
+    let g = t(&[10.0, 20.0, 30.0, 40.0], &[1, 2, 1, 2], &dev);
+    let gate = t(&[1.0, -1.0, 0.0, 2.5], &[2, 2], &dev);
+    let sums = x.batch_norm_stats(Some(&g), Some(&gate)).unwrap();
+    // [Σg, Σx·g] over the open elements: channel 0 → (10, 10), channel 1 → (30, 60).
+    assert_eq!(sums.to_vec::<f64>().unwrap(), [10.0, 30.0, 10.0, 60.0]);
+    // dx-style apply: 0·x + 0 + 1·(gated g).
+    let coef = t(&[0.0, 0.0, 0.0, 0.0, 1.0, 1.0], &[3, 2], &dev);
+    let applied = x
+        .batch_norm_apply(Some(&g), &coef, false, Some(&gate))
+        .unwrap();
+    assert_eq!(applied.to_vec::<f64>().unwrap(), [10.0, 0.0, 30.0, 0.0]);
+    // A gate needs a second operand to mask, and the [2, C] shape of the stats dtype.
+    let err = |r: Result<Tensor, TensorError>| r.unwrap_err().to_string();
+    assert!(err(x.batch_norm_stats(None, Some(&gate))).contains("a gate masks the second operand"));
+    let wrong = t(&[1.0, 0.0, 1.0], &[3, 1], &dev);
+    assert!(
+        err(x.batch_norm_apply(Some(&g), &coef, false, Some(&wrong))).contains("need f64 [2, 2]")
+    );
+}

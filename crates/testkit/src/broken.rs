@@ -205,8 +205,13 @@ impl Backend for Broken {
     ) -> Result<Storage> {
         self.inner.normalize_input(x, mean, std, dtype, out)
     }
-    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
-        self.inner.batch_norm_stats(x, y)
+    fn batch_norm_stats(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
+    ) -> Result<Storage> {
+        self.inner.batch_norm_stats(x, y, gate)
     }
     fn batch_norm_apply(
         &self,
@@ -214,9 +219,10 @@ impl Backend for Broken {
         y: Option<View<'_>>,
         coef: View<'_>,
         relu: bool,
+        gate: Option<View<'_>>,
         out: &Layout,
     ) -> Result<Storage> {
-        self.inner.batch_norm_apply(x, y, coef, relu, out)
+        self.inner.batch_norm_apply(x, y, coef, relu, gate, out)
     }
     fn sgd(
         &self,

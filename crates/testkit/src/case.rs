@@ -80,6 +80,8 @@ pub struct Case {
     pub pool: Option<Pool2dParams>,
     /// Batch-norm apply with its fused ReLU.
     pub relu: bool,
+    /// Batch-norm stats or apply whose last input is a `[2, C]` gate on the second operand.
+    pub gate: bool,
 }
 
 impl Case {
@@ -93,6 +95,7 @@ impl Case {
             conv: None,
             pool: None,
             relu: false,
+            gate: false,
         }
     }
 
@@ -217,14 +220,18 @@ impl Case {
                 let seed = self.inputs[0].values.len() as u64 * 7919;
                 Tensor::random_uniform(x[0].shape(), self.dtype, seed, 13, x[0].device())
             }
-            NnOp::BatchNormStats => x[0].batch_norm_stats(x.get(1)),
+            NnOp::BatchNormStats => {
+                let gate = self.gate.then(|| &x[2]);
+                x[0].batch_norm_stats(x.get(1), gate)
+            }
             NnOp::BatchNormApply => {
-                let (y, coef) = match x {
-                    [_, coef] => (None, coef),
-                    [_, y, coef] => (Some(y), coef),
+                let (y, coef, gate) = match x {
+                    [_, coef] => (None, coef, None),
+                    [_, y, coef] => (Some(y), coef, None),
+                    [_, y, coef, gate] if self.gate => (Some(y), coef, Some(gate)),
                     _ => return Err(TensorError::Shape("batch_norm_apply case".into())),
                 };
-                x[0].batch_norm_apply(y, coef, self.relu)
+                x[0].batch_norm_apply(y, coef, self.relu, gate)
             }
             NnOp::NormalizeInput => Tensor::normalize_input(
                 &x[0],

@@ -382,35 +382,43 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
             .prop_flat_map(move |s| input(s, dtype, Domain::Any, 0))
             .prop_map(move |x| make(vec![x], vec![]))
             .boxed(),
-        // x [N, C, ..], optionally a second operand of x's shape, and for apply the [3, C]
-        // coefficients (f32, or f64 for f64) and whether its ReLU is fused.
-        NnOp::BatchNormStats | NnOp::BatchNormApply => {
-            (shape(2..=4), proptest::bool::ANY, proptest::bool::ANY)
-                .prop_flat_map(move |(s, with_y, relu)| {
-                    let coef = input(vec![3, s[1]], stats_dtype(dtype), Domain::Any, 2);
-                    let y = input(s.clone(), dtype, Domain::Any, 1);
-                    (
-                        input(s, dtype, Domain::Any, 0),
-                        y,
-                        coef,
-                        Just((with_y, relu)),
-                    )
-                })
-                .prop_map(move |(x, y, coef, (with_y, relu))| {
-                    let mut inputs = vec![x];
-                    if with_y {
-                        inputs.push(y);
-                    }
-                    if op == NnOp::BatchNormApply {
-                        inputs.push(coef);
-                    }
-                    Case {
-                        relu: relu && op == NnOp::BatchNormApply,
-                        ..make(inputs, vec![])
-                    }
-                })
-                .boxed()
-        }
+        // x [N, C, ..], optionally a second operand of x's shape, for apply the [3, C]
+        // coefficients (f32, or f64 for f64) and whether its ReLU is fused, and with the second
+        // operand optionally a [2, C] gate on it (the backward of a ReLU after batch norm).
+        NnOp::BatchNormStats | NnOp::BatchNormApply => (
+            shape(2..=4),
+            proptest::bool::ANY,
+            proptest::bool::ANY,
+            proptest::bool::ANY,
+        )
+            .prop_flat_map(move |(s, with_y, relu, gated)| {
+                let coef = input(vec![3, s[1]], stats_dtype(dtype), Domain::Any, 2);
+                let gate = input(vec![2, s[1]], stats_dtype(dtype), Domain::Any, 3);
+                let y = input(s.clone(), dtype, Domain::Any, 1);
+                (
+                    (input(s, dtype, Domain::Any, 0), y),
+                    (coef, gate),
+                    Just((with_y, relu, gated && with_y)),
+                )
+            })
+            .prop_map(move |((x, y), (coef, gate), (with_y, relu, gated))| {
+                let mut inputs = vec![x];
+                if with_y {
+                    inputs.push(y);
+                }
+                if op == NnOp::BatchNormApply {
+                    inputs.push(coef);
+                }
+                if gated {
+                    inputs.push(gate);
+                }
+                Case {
+                    relu: relu && op == NnOp::BatchNormApply,
+                    gate: gated,
+                    ..make(inputs, vec![])
+                }
+            })
+            .boxed(),
         NnOp::NormalizeInput => (1usize..=2, 1usize..=4, 1usize..=4)
             .prop_flat_map(move |(n, h, w)| input(vec![n, h, w, 3], DType::U8, Domain::Byte, 0))
             .prop_map(move |x| make(vec![x], vec![]))

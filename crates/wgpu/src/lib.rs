@@ -167,6 +167,55 @@ impl WgpuBackend {
     fn float(&self, dtype: DType) -> bool {
         dtype == DType::F32 || (dtype == DType::F16 && self.ctx.f16)
     }
+
+    /// The batch-norm ops' second operand `y` masked by `gate` `[a; b]` (kept where
+    /// `a·x + b > 0`), in layout `out`, with `a·x + b` computed by the kernels
+    /// `batch_norm_apply` computes its value with — so open exactly where the forward's ReLU
+    /// passed. None without a gate.
+    fn gated(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
+        out: &Layout,
+    ) -> Result<Option<Storage>> {
+        let (Some(y), Some(gate)) = (y, gate) else {
+            return Ok(None);
+        };
+        let shape = x.layout.shape().to_vec();
+        let c = shape[1];
+        let k = self.convert(gate, x.dtype(), &Layout::contiguous(&[2, c]))?;
+        let row = |r: usize| {
+            let mut strides = vec![0; shape.len()];
+            strides[1] = 1;
+            Layout::new(shape.clone(), strides, r * c)
+        };
+        let (a, b) = (row(0), row(1));
+        let scaled = self.binary(
+            BinaryOp::Mul,
+            x,
+            View {
+                storage: &k,
+                layout: &a,
+            },
+            out,
+        )?;
+        let at = |storage| View {
+            storage,
+            layout: out,
+        };
+        let shifted = self.binary(
+            BinaryOp::Add,
+            at(&scaled),
+            View {
+                storage: &k,
+                layout: &b,
+            },
+            out,
+        )?;
+        self.binary(BinaryOp::ReluGrad, at(&shifted), y, out)
+            .map(Some)
+    }
 }
 
 impl Backend for WgpuBackend {
@@ -417,9 +466,22 @@ impl Backend for WgpuBackend {
     }
 
     /// Composed from this backend's own kernels, in f32: widen, multiply, reduce, pack.
-    fn batch_norm_stats(&self, x: View<'_>, y: Option<View<'_>>) -> Result<Storage> {
+    fn batch_norm_stats(
+        &self,
+        x: View<'_>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
+    ) -> Result<Storage> {
         let shape = x.layout.shape().to_vec();
         let (c, dense) = (shape[1], Layout::contiguous(&shape));
+        let gated = self.gated(x, y, gate, &dense)?;
+        let y = match &gated {
+            Some(storage) => Some(View {
+                storage,
+                layout: &dense,
+            }),
+            None => y,
+        };
         let xf = self.convert(x, DType::F32, &dense)?;
         let yf = y.map(|y| self.convert(y, DType::F32, &dense)).transpose()?;
         let view = |s| View {
@@ -453,8 +515,17 @@ impl Backend for WgpuBackend {
         y: Option<View<'_>>,
         coef: View<'_>,
         relu: bool,
+        gate: Option<View<'_>>,
         out: &Layout,
     ) -> Result<Storage> {
+        let gated = self.gated(x, y, gate, out)?;
+        let y = match &gated {
+            Some(storage) => Some(View {
+                storage,
+                layout: out,
+            }),
+            None => y,
+        };
         let shape = x.layout.shape().to_vec();
         let c = shape[1];
         let k = self.convert(coef, x.dtype(), &Layout::contiguous(&[3, c]))?;

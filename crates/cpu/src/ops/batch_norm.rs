@@ -23,8 +23,30 @@ fn channel_of(shape: &[usize], offset: usize) -> Layout {
     Layout::new(shape.to_vec(), strides, offset)
 }
 
-/// `[Σx, Σx²]` or `[Σy, Σx·y]` per channel, in f64, as the stats dtype.
-pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data {
+/// The gate `[a; b]` (rows of C from an offset) as two channel slices of the compute type.
+fn gate_rows<C: Real>(gate: &[C], c: usize) -> (&[C], &[C]) {
+    (&gate[..c], &gate[c..2 * c])
+}
+
+/// `o` where the gate is open at this element (`a·v + b > 0`, computed as [`apply`] computes
+/// its value, so exactly where a ReLU after it passed), else 0 (NaN closes it).
+#[inline(always)]
+fn gated<C: Real>(a: C, b: C, v: C, o: C) -> C {
+    if a * v + b > C::ZERO {
+        o
+    } else {
+        C::ZERO
+    }
+}
+
+/// `[Σx, Σx²]` or `[Σy, Σx·y]` per channel, in f64, as the stats dtype; with `gate` (its data
+/// and offset: `[a; b]`) y counts only where `a·x + b > 0`.
+pub(crate) fn stats(
+    x: &Data,
+    xl: &Layout,
+    y: Option<(&Data, &Layout)>,
+    gate: Option<(&Data, usize)>,
+) -> Data {
     let shape = xl.shape();
     let c = shape[1];
     let chan = channel_of(shape, 0);
@@ -33,6 +55,8 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
         let xs = as_compute::<C>(x);
         let ys = y.map(|(d, _)| as_compute::<C>(d));
         let other: &[C] = ys.as_deref().unwrap_or(&xs);
+        let gate_data = gate.map(|(d, offset)| (as_compute::<C>(d), offset));
+        let gate = gate_data.as_ref().map(|(d, offset)| gate_rows(&d[*offset..], c));
         let plan = Plan::new([xl, yl, &chan]);
         let n = plan.numel();
         let inner = plan.inner();
@@ -65,10 +89,20 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
                             let k = pos[2]..pos[2] + len;
                             let f32s = (C::as_f32(&xr[..len]), C::as_f32(&or[..len]));
                             if let (Some(xv), Some(ov)) = f32s {
-                                let sums = f32_first[k.clone()].iter_mut().zip(&mut f32_second[k]);
-                                for ((f, s), (&v, &o)) in sums.zip(xv.iter().zip(ov)) {
-                                    *f += o;
-                                    *s += v * o;
+                                let sums = f32_first[k.clone()].iter_mut().zip(&mut f32_second[k.clone()]);
+                                let gate_f32 = gate.map(|(a, b)| (C::as_f32(&a[k.clone()]), C::as_f32(&b[k.clone()])));
+                                if let Some((Some(ga), Some(gb))) = gate_f32 {
+                                    let gates = ga.iter().zip(gb);
+                                    for (((f, s), (&v, &o)), (&a, &b)) in sums.zip(xv.iter().zip(ov)).zip(gates) {
+                                        let o = gated(a, b, v, o);
+                                        *f += o;
+                                        *s += v * o;
+                                    }
+                                } else {
+                                    for ((f, s), (&v, &o)) in sums.zip(xv.iter().zip(ov)) {
+                                        *f += o;
+                                        *s += v * o;
+                                    }
                                 }
                                 pending += 1;
                                 if pending == PIXELS_PER_FLUSH {
@@ -77,8 +111,9 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
                                 }
                                 return;
                             }
-                            let sums = first[k.clone()].iter_mut().zip(&mut second[k]);
-                            for ((f, s), (&v, &o)) in sums.zip(xr.iter().zip(or).take(len)) {
+                            let sums = first[k.clone()].iter_mut().zip(&mut second[k.clone()]);
+                            for (j, ((f, s), (&v, &o))) in sums.zip(xr.iter().zip(or).take(len)).enumerate() {
+                                let o = gate.map_or(o, |(a, b)| gated(a[k.start + j], b[k.start + j], v, o));
                                 let (v, o) = (v.to_f64(), o.to_f64());
                                 *f += o;
                                 *s += v * o;
@@ -89,14 +124,18 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
                             let (mut f, mut s) = ([0.0f64; 8], [0.0f64; 8]);
                             let (xc, oc) = (xr[..len].chunks_exact(8), or[..len].chunks_exact(8));
                             let (xt, ot) = (xc.remainder(), oc.remainder());
+                            let ch = pos[2];
+                            let gate_at = |v: C, o: C| gate.map_or(o, |(a, b)| gated(a[ch], b[ch], v, o));
                             for (xv, ov) in xc.zip(oc) {
                                 for l in 0..8 {
-                                    let (v, o) = (xv[l].to_f64(), ov[l].to_f64());
+                                    let o = gate_at(xv[l], ov[l]);
+                                    let (v, o) = (xv[l].to_f64(), o.to_f64());
                                     f[l] += o;
                                     s[l] += v * o;
                                 }
                             }
                             for (&v, &o) in xt.iter().zip(ot) {
+                                let o = gate_at(v, o);
                                 let (v, o) = (v.to_f64(), o.to_f64());
                                 f[0] += o;
                                 s[0] += v * o;
@@ -106,9 +145,11 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
                         }
                         _ => {
                             for j in 0..len {
-                                let v = xs[pos[0] + j * inner[0]].to_f64();
-                                let o = other[pos[1] + j * inner[1]].to_f64();
                                 let k = pos[2] + j * inner[2];
+                                let v = xs[pos[0] + j * inner[0]];
+                                let o = other[pos[1] + j * inner[1]];
+                                let o = gate.map_or(o, |(a, b)| gated(a[k], b[k], v, o));
+                                let (v, o) = (v.to_f64(), o.to_f64());
                                 first[k] += o;
                                 second[k] += v * o;
                             }
@@ -131,7 +172,9 @@ pub(crate) fn stats(x: &Data, xl: &Layout, y: Option<(&Data, &Layout)>) -> Data 
 }
 
 /// `a[c]·x + b[c] (+ d[c]·y)` in the dense layout `out`, with `coef = [a; b; d]` (rows of C
-/// from `coef_offset`).
+/// from `coef_offset`); with `gate` (its data and offset) y counts only where the gate's
+/// `a·x + b > 0`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply(
     x: &Data,
     xl: &Layout,
@@ -139,6 +182,7 @@ pub(crate) fn apply(
     coef: &Data,
     coef_offset: usize,
     relu: bool,
+    gate: Option<(&Data, usize)>,
     out: &Layout,
 ) -> Data {
     let shape = xl.shape();
@@ -149,6 +193,8 @@ pub(crate) fn apply(
         let (xs, k) = (as_compute::<C>(x), as_compute::<C>(coef));
         let ys = y.map(|(d, _)| as_compute::<C>(d));
         let (a, b) = (&k[coef_offset..coef_offset + c], &k[coef_offset + c..coef_offset + 2 * c]);
+        let gate_data = gate.map(|(d, offset)| (as_compute::<C>(d), offset));
+        let gate = gate_data.as_ref().map(|(d, offset)| gate_rows(&d[*offset..], c));
         let d = &k[coef_offset + 2 * c..coef_offset + 3 * c];
         // Without y, d·y is skipped (x stands in as a harmless second operand).
         let (other, dd): (&[C], &[C]) = match &ys {
@@ -172,7 +218,13 @@ pub(crate) fn apply(
                         for ((o, &v), (&ka, &kb)) in run.iter_mut().zip(xr).zip(ab) {
                             *o = ka * v + kb;
                         }
-                        if !dd.is_empty() {
+                        if let (false, Some((ga, gb))) = (dd.is_empty(), gate) {
+                            let gates = ga[ch.clone()].iter().zip(&gb[ch.clone()]);
+                            let terms = or.iter().zip(xr).zip(&dd[ch]);
+                            for ((o, ((&w, &v), &kd)), (&ga, &gb)) in run.iter_mut().zip(terms).zip(gates) {
+                                *o += kd * gated(ga, gb, v, w);
+                            }
+                        } else if !dd.is_empty() {
                             for ((o, &w), &kd) in run.iter_mut().zip(or).zip(&dd[ch]) {
                                 *o += kd * w;
                             }
@@ -185,8 +237,9 @@ pub(crate) fn apply(
                             *o = ka * v + kb;
                         }
                         if let Some(&kd) = dd.get(pos[3]) {
-                            for (o, &w) in run.iter_mut().zip(or) {
-                                *o += kd * w;
+                            let gate_at = |v: C, w: C| gate.map_or(w, |(a, b)| gated(a[pos[3]], b[pos[3]], v, w));
+                            for ((o, &w), &v) in run.iter_mut().zip(or).zip(xr) {
+                                *o += kd * gate_at(v, w);
                             }
                         }
                     }
@@ -196,7 +249,8 @@ pub(crate) fn apply(
                             let v = xr[j * inner[1]];
                             *o = a[ch] * v + b[ch];
                             if let Some(&kd) = dd.get(ch) {
-                                *o += kd * or[j * inner[2]];
+                                let w = or[j * inner[2]];
+                                *o += kd * gate.map_or(w, |(a, b)| gated(a[ch], b[ch], v, w));
                             }
                         }
                     }

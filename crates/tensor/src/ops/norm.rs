@@ -76,13 +76,18 @@ impl Tensor {
 
     /// Per-channel sums over every axis but 1: `[2, C]` holding `[Σx, Σx²]`, or with `y`
     /// `[Σy, Σx·y]`, as f32 (f64 for f64). One pass; no gradient. Batch norm's building block.
-    pub fn batch_norm_stats(&self, y: Option<&Tensor>) -> Result<Tensor> {
+    /// With `gate` (`[2, C]` `[a; b]`, only with `y`), y counts only where `a·x + b > 0`
+    /// ([`crate::Backend::batch_norm_stats`]).
+    pub fn batch_norm_stats(&self, y: Option<&Tensor>, gate: Option<&Tensor>) -> Result<Tensor> {
         self.check_channels("batch_norm_stats", y)?;
+        let gate = self.check_gate("batch_norm_stats", y, gate)?;
         self.device()
             .check(Op::Nn(NnOp::BatchNormStats), self.dtype())?;
-        let storage = self
-            .backend()
-            .batch_norm_stats(self.view(), y.map(|y| y.view()))?;
+        let storage = self.backend().batch_norm_stats(
+            self.view(),
+            y.map(|y| y.view()),
+            gate.as_ref().map(|g| g.view()),
+        )?;
         let c = self.shape()[1];
         Ok(Tensor::from_storage(
             storage,
@@ -134,14 +139,17 @@ impl Tensor {
 
     /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel, then `max(·, 0)` where `relu`,
     /// in x's dtype and memory order; `coef` is `[3, C]` of f32 (f64 for f64). One pass; no
-    /// gradient.
+    /// gradient. With `gate` (`[2, C]` `[a; b]`, only with `y`), y counts only where
+    /// `a·x + b > 0` ([`crate::Backend::batch_norm_apply`]).
     pub fn batch_norm_apply(
         &self,
         y: Option<&Tensor>,
         coef: &Tensor,
         relu: bool,
+        gate: Option<&Tensor>,
     ) -> Result<Tensor> {
         self.check_channels("batch_norm_apply", y)?;
+        let gate = self.check_gate("batch_norm_apply", y, gate)?;
         let c = self.shape()[1];
         let want = stats_dtype(self.dtype());
         if coef.shape() != [3, c] || coef.dtype() != want {
@@ -162,9 +170,37 @@ impl Tensor {
             y.map(|y| y.view()),
             coef.view(),
             relu,
+            gate.as_ref().map(|g| g.view()),
             &out,
         )?;
         Ok(Tensor::from_storage(storage, out, self.device().clone()))
+    }
+
+    /// A gate for `op`: only beside `y`, `[2, C]` of the stats dtype on x's device; made
+    /// contiguous.
+    fn check_gate(
+        &self,
+        op: &str,
+        y: Option<&Tensor>,
+        gate: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let Some(gate) = gate else { return Ok(None) };
+        let (c, want) = (self.shape()[1], stats_dtype(self.dtype()));
+        if y.is_none() {
+            return Err(TensorError::shape(format!(
+                "{op}: a gate masks the second operand, and there is none"
+            )));
+        }
+        if gate.shape() != [2, c] || gate.dtype() != want {
+            return Err(TensorError::shape(format!(
+                "{op}: gate {} {:?} for {:?} (need {want} [2, {c}])",
+                gate.dtype(),
+                gate.shape(),
+                self.shape()
+            )));
+        }
+        self.same_device(gate, op)?;
+        gate.contiguous().map(Some)
     }
 
     fn check_channels(&self, op: &str, y: Option<&Tensor>) -> Result<()> {
@@ -209,7 +245,7 @@ impl Tensor {
         let x = self.detach();
         let row = move |t: &Tensor, i: usize| t.narrow(0, i, 1)?.reshape(&[c]);
         let (mean, rstd, scale, shift, w) = no_grad(|| -> Result<_> {
-            let sums = x.batch_norm_stats(None)?;
+            let sums = x.batch_norm_stats(None, None)?;
             let mean = row(&sums, 0)?.mul_scalar(1.0 / n)?;
             let var = row(&sums, 1)?
                 .mul_scalar(1.0 / n)?
@@ -242,22 +278,34 @@ impl Tensor {
         let residual_scale = scale.scalar_like(if residual.is_some() { 1.0 } else { 0.0 })?;
         let coef = Tensor::stack(&[&scale, &shift, &residual_scale.broadcast_to(&[c])?], 0)?;
         let r = residual.map(Tensor::detach);
-        let y = x.batch_norm_apply(r.as_ref(), &coef, relu)?;
+        let y = x.batch_norm_apply(r.as_ref(), &coef, relu, None)?;
         let mut inputs = vec![self];
         inputs.extend(weight);
         inputs.extend(bias);
         inputs.extend(residual);
         let (has_w, has_b, has_r) = (weight.is_some(), bias.is_some(), residual.is_some());
         let (w_dtype, b_dtype) = (weight.map(|t| t.dtype()), bias.map(|t| t.dtype()));
-        // The output (without its graph), for the ReLU's mask.
-        let out = relu.then(|| y.detach());
+        // The ReLU's mask in backward. Without a residual, `scale·x + shift > 0` recomputed
+        // from x inside the two backward passes (the gate: no read of the output, no masked
+        // gradient written — a pass fewer); with one, the residual's gradient is the masked
+        // gradient itself, so it is written, from the output (without its graph).
+        let gate = (relu && !has_r).then(|| coef.narrow(0, 0, 2)).transpose()?;
+        let out = (relu && has_r).then(|| y.detach());
         Ok(y.record("batch_norm", &inputs, move |g| {
             let masked = out
                 .as_ref()
                 .map(|z| z.binary(BinaryOp::ReluGrad, g))
                 .transpose()?;
-            let g = masked.as_ref().unwrap_or(g);
-            let sums = x.batch_norm_stats(Some(g))?;
+            // A gated g is read where the masked copy would have been written: in x's memory
+            // order, so the sums run in the composition's order (the same bits). A network's
+            // gradient already is; a copy only otherwise.
+            let like_x = x.layout().output_like();
+            let relaid = (gate.is_some() && g.layout() != &like_x)
+                .then(|| g.convert_to(g.dtype(), like_x))
+                .transpose()?;
+            let g = masked.as_ref().or(relaid.as_ref()).unwrap_or(g);
+            let gate = gate.as_ref();
+            let sums = x.batch_norm_stats(Some(g), gate)?;
             let (sum_g, sum_xg) = (row(&sums, 0)?, row(&sums, 1)?);
             // Σ (x - mean)·g, and the input gradient's per-channel coefficients:
             // dx = rstd·w·g + k0·x + k1 with k0 = -rstd³·w·Σ(x-mean)g / n,
@@ -274,7 +322,7 @@ impl Tensor {
                 .mul_scalar(-1.0 / n)?;
             let k1 = rw.mul(&sum_g)?.mul_scalar(-1.0 / n)?.sub(&mean.mul(&k0)?)?;
             let coef = Tensor::stack(&[&k0, &k1, &rw], 0)?;
-            let dx = x.batch_norm_apply(Some(g), &coef, false)?;
+            let dx = x.batch_norm_apply(Some(g), &coef, false, gate)?;
             let mut grads = vec![Some(dx)];
             if has_w {
                 let dw = rstd.mul(&centred)?.cast(w_dtype.unwrap_or(sd))?;
@@ -284,6 +332,7 @@ impl Tensor {
                 grads.push(Some(sum_g.cast(b_dtype.unwrap_or(sd))?));
             }
             if has_r {
+                // (With a residual there is no gate: g is already masked.)
                 grads.push(Some(g.clone()));
             }
             Ok(grads)
