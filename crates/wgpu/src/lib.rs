@@ -168,10 +168,24 @@ impl WgpuBackend {
         dtype == DType::F32 || (dtype == DType::F16 && self.ctx.f16)
     }
 
+    /// `k[0, c]·x + k[1, c]` per channel `c`, written in layout `out`, with `k` a contiguous
+    /// `[rows ≥ 2, C]` in x's dtype: batch norm's value, shared by `batch_norm_apply` and the
+    /// gate of the backward ops so both compute it with the same kernels (the same bits).
+    fn affine(&self, x: View<'_>, k: &Storage, out: &Layout) -> Result<Storage> {
+        let shape = x.layout.shape();
+        let (a, b) = (channel_row(shape, 0), channel_row(shape, 1));
+        let row = |layout| View { storage: k, layout };
+        let scaled = self.binary(BinaryOp::Mul, x, row(&a), out)?;
+        let scaled = View {
+            storage: &scaled,
+            layout: out,
+        };
+        self.binary(BinaryOp::Add, scaled, row(&b), out)
+    }
+
     /// The batch-norm ops' second operand `y` masked by `gate` `[a; b]` (kept where
-    /// `a·x + b > 0`), in layout `out`, with `a·x + b` computed by the kernels
-    /// `batch_norm_apply` computes its value with — so open exactly where the forward's ReLU
-    /// passed. None without a gate.
+    /// `a·x + b > 0`, computed as `batch_norm_apply` computes its value — so open exactly
+    /// where the forward's ReLU passed), in layout `out`. None without a gate.
     fn gated(
         &self,
         x: View<'_>,
@@ -182,40 +196,22 @@ impl WgpuBackend {
         let (Some(y), Some(gate)) = (y, gate) else {
             return Ok(None);
         };
-        let shape = x.layout.shape().to_vec();
-        let c = shape[1];
+        let c = x.layout.shape()[1];
         let k = self.convert(gate, x.dtype(), &Layout::contiguous(&[2, c]))?;
-        let row = |r: usize| {
-            let mut strides = vec![0; shape.len()];
-            strides[1] = 1;
-            Layout::new(shape.clone(), strides, r * c)
-        };
-        let (a, b) = (row(0), row(1));
-        let scaled = self.binary(
-            BinaryOp::Mul,
-            x,
-            View {
-                storage: &k,
-                layout: &a,
-            },
-            out,
-        )?;
-        let at = |storage| View {
-            storage,
+        let value = self.affine(x, &k, out)?;
+        let value = View {
+            storage: &value,
             layout: out,
         };
-        let shifted = self.binary(
-            BinaryOp::Add,
-            at(&scaled),
-            View {
-                storage: &k,
-                layout: &b,
-            },
-            out,
-        )?;
-        self.binary(BinaryOp::ReluGrad, at(&shifted), y, out)
-            .map(Some)
+        self.binary(BinaryOp::ReluGrad, value, y, out).map(Some)
     }
+}
+
+/// Row `r` of a contiguous `[rows, C]` coefficient tensor, broadcast over `shape` along axis 1.
+fn channel_row(shape: &[usize], r: usize) -> Layout {
+    let mut strides = vec![0; shape.len()];
+    strides[1] = 1;
+    Layout::new(shape.to_vec(), strides, r * shape[1])
 }
 
 impl Backend for WgpuBackend {
@@ -526,29 +522,22 @@ impl Backend for WgpuBackend {
             }),
             None => y,
         };
-        let shape = x.layout.shape().to_vec();
-        let c = shape[1];
+        let c = x.layout.shape()[1];
         let k = self.convert(coef, x.dtype(), &Layout::contiguous(&[3, c]))?;
-        let row = |r: usize| {
-            let mut strides = vec![0; shape.len()];
-            strides[1] = 1;
-            Layout::new(shape.clone(), strides, r * c)
-        };
-        let (a, b, d) = (row(0), row(1), row(2));
-        let coef_row = |layout| View {
-            storage: &k,
-            layout,
-        };
-        let scaled = self.binary(BinaryOp::Mul, x, coef_row(&a), out)?;
+        let shifted = self.affine(x, &k, out)?;
         let out_view = |storage| View {
             storage,
             layout: out,
         };
-        let shifted = self.binary(BinaryOp::Add, out_view(&scaled), coef_row(&b), out)?;
         let value = match y {
             None => shifted,
             Some(y) => {
-                let extra = self.binary(BinaryOp::Mul, y, coef_row(&d), out)?;
+                let d = channel_row(x.layout.shape(), 2);
+                let d = View {
+                    storage: &k,
+                    layout: &d,
+                };
+                let extra = self.binary(BinaryOp::Mul, y, d, out)?;
                 self.binary(BinaryOp::Add, out_view(&shifted), out_view(&extra), out)?
             }
         };

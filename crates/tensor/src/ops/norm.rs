@@ -299,10 +299,10 @@ impl Tensor {
             // A gated g is read where the masked copy would have been written: in x's memory
             // order, so the sums run in the composition's order (the same bits). A network's
             // gradient already is; a copy only otherwise.
-            let like_x = x.layout().output_like();
-            let relaid = (gate.is_some() && g.layout() != &like_x)
-                .then(|| g.convert_to(g.dtype(), like_x))
-                .transpose()?;
+            let relaid = match gate.is_some().then(|| x.layout().output_like()) {
+                Some(like_x) if g.layout() != &like_x => Some(g.convert_to(g.dtype(), like_x)?),
+                _ => None,
+            };
             let g = masked.as_ref().or(relaid.as_ref()).unwrap_or(g);
             let gate = gate.as_ref();
             let sums = x.batch_norm_stats(Some(g), gate)?;

@@ -416,7 +416,8 @@ pub(super) fn weight_grad_rows(g: &Geom, x: &[f32], gy: &[f32]) -> Vec<f32> {
 /// `resnet50_convs`): 3×3 stride 2 at 512 channels 17.2 → 10.0 ms, 1×1 stride 2 1024→2048
 /// 17.5 → 8.0, 3×3 at 512 channels and 7² 15.0 → 9.2, 512→2048 6.3 → 4.5, 2048→512 5.9 →
 /// 4.3. At 1,568 pixels (14²) it measured 0.8–1.15× and stays off: each task gathers and
-/// packs megabytes of B.
+/// packs megabytes of B. Fewer than 16 channels (the stem's 3) would gather B value by value;
+/// those stay on the paths below.
 pub(super) fn eligible_weight_grad_gathered(g: &Geom) -> bool {
     g.p.groups == 1 && sgemm::available() && g.c >= 16 && 4 * g.pixels() <= g.k().max(g.o)
 }
