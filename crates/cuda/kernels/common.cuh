@@ -1,0 +1,167 @@
+// What every kernel family shares: integer names, the strided operand, and conversions between
+// storage types whose rules are spelled out (so the GPU and the host emulator agree bit for bit).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+typedef unsigned char u8;
+typedef int i32;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+/// The most axes an operand may have (the Rust side refuses more, naming the op).
+#define MAX_RANK 8
+
+/// An operand seen through a layout: logical element `i` (row-major over `shape`) lives at
+/// `offset + Σ coord[d] · stride[d]`. Broadcast axes have stride 0. Mirrors `ops::Strided`.
+struct Strided {
+    i64 offset;
+    i32 rank;
+    i32 contiguous;  // 1: offset + i, no index arithmetic
+    i64 shape[MAX_RANK];
+    i64 stride[MAX_RANK];
+};
+
+__device__ __forceinline__ i64 position(const Strided &s, i64 i) {
+    if (s.contiguous) return s.offset + i;
+    i64 at = s.offset;
+    for (int d = s.rank - 1; d >= 0; d--) {
+        i64 n = s.shape[d];
+        at += (i % n) * s.stride[d];
+        i /= n;
+    }
+    return at;
+}
+
+/// `Pick<c, A, B>::type` is A when c holds, else B (std::conditional without the standard library,
+/// which NVRTC does not ship).
+template <bool C, class A, class B>
+struct Pick {
+    typedef A type;
+};
+template <class A, class B>
+struct Pick<false, A, B> {
+    typedef B type;
+};
+
+/// Per storage type: the type arithmetic happens in, and the load/store between them.
+/// Half types compute in f32; everything else in itself.
+template <class T>
+struct Num {
+    typedef T acc;
+    static __device__ __forceinline__ T load(T v) { return v; }
+    static __device__ __forceinline__ T store(T v) { return v; }
+};
+template <>
+struct Num<__half> {
+    typedef float acc;
+    static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
+    static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Num<__nv_bfloat16> {
+    typedef float acc;
+    static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+    static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct Num<u8> {
+    typedef i32 acc;  // u8 arithmetic in int, stored back modulo 256 (as PyTorch)
+    static __device__ __forceinline__ i32 load(u8 v) { return v; }
+    static __device__ __forceinline__ u8 store(i32 v) { return (u8)v; }
+};
+
+template <class T>
+struct IsFloat {
+    static const bool value = false;
+};
+template <>
+struct IsFloat<float> {
+    static const bool value = true;
+};
+template <>
+struct IsFloat<double> {
+    static const bool value = true;
+};
+template <>
+struct IsFloat<__half> {
+    static const bool value = true;
+};
+template <>
+struct IsFloat<__nv_bfloat16> {
+    static const bool value = true;
+};
+
+/// A value widened without loss for conversion: floats to double, integers to i64.
+template <class T>
+__device__ __forceinline__ double widen_float(T v) {
+    return (double)Num<T>::load(v);
+}
+
+/// `v` (a double) as integer type `I`: toward zero, saturating, NaN to 0 (Rust's `as`, which
+/// the reference uses, and the GPU's cvt.rzi.sat).
+template <class I>
+__device__ __forceinline__ I saturate(double v, double lo, double hi, I min, I max) {
+    if (v != v) return (I)0;
+    if (v <= lo) return min;
+    if (v >= hi) return max;
+    return (I)v;
+}
+
+template <class To>
+struct From;
+template <>
+struct From<double> {
+    static __device__ __forceinline__ double f(double v) { return v; }
+    static __device__ __forceinline__ double i(i64 v) { return (double)v; }
+};
+template <>
+struct From<float> {
+    static __device__ __forceinline__ float f(double v) { return (float)v; }
+    static __device__ __forceinline__ float i(i64 v) { return (float)v; }
+};
+template <>
+struct From<__half> {
+    static __device__ __forceinline__ __half f(double v) { return __double2half(v); }
+    static __device__ __forceinline__ __half i(i64 v) { return __double2half((double)v); }
+};
+template <>
+struct From<__nv_bfloat16> {
+    static __device__ __forceinline__ __nv_bfloat16 f(double v) { return __double2bfloat16(v); }
+    static __device__ __forceinline__ __nv_bfloat16 i(i64 v) { return __double2bfloat16((double)v); }
+};
+template <>
+struct From<u8> {
+    static __device__ __forceinline__ u8 f(double v) { return saturate<u8>(v, 0.0, 255.0, 0, 255); }
+    static __device__ __forceinline__ u8 i(i64 v) { return v < 0 ? (u8)0 : (v > 255 ? (u8)255 : (u8)v); }
+};
+template <>
+struct From<i32> {
+    static __device__ __forceinline__ i32 f(double v) { return saturate<i32>(v, -2147483648.0, 2147483647.0, -2147483647 - 1, 2147483647); }
+    static __device__ __forceinline__ i32 i(i64 v) {
+        return v < -2147483648LL ? (i32)(-2147483647 - 1) : (v > 2147483647LL ? 2147483647 : (i32)v);
+    }
+};
+template <>
+struct From<i64> {
+    static __device__ __forceinline__ i64 f(double v) {
+        return saturate<i64>(v, -9223372036854775808.0, 9223372036854775808.0, -9223372036854775807LL - 1,
+                             9223372036854775807LL);
+    }
+    static __device__ __forceinline__ i64 i(i64 v) { return v; }
+};
+
+/// `v` converted to `To`: floats round to nearest even, integers saturate (see `saturate`).
+template <class To, class T>
+__device__ __forceinline__ To convert_value(T v) {
+    if constexpr (IsFloat<T>::value) {
+        return From<To>::f(widen_float(v));
+    } else {
+        return From<To>::i((i64)Num<T>::load(v));
+    }
+}
+
+/// 1-d grid-stride loop bounds: every thread handles i = first, first + step, … below n.
+__device__ __forceinline__ i64 first_index() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ i64 grid_step() { return (i64)gridDim.x * blockDim.x; }

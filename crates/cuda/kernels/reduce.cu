@@ -1,0 +1,133 @@
+// Reductions over any set of axes: one block per output element, its threads striding over the
+// reduced elements, then a warp-shuffle tree and one exchange through shared memory. The order
+// of additions depends only on the block size, so every run gives the same bits.
+#include "common.cuh"
+
+/// Mirrors redline_tensor::ReduceOp.
+enum class ReduceOp { Sum, Max, ArgMax };
+
+/// Threads per reduction block (a multiple of the warp; the launcher uses exactly this).
+#define REDUCE_THREADS 256
+#define FULL_MASK 0xffffffffu
+
+/// What sums accumulate in: f32 for f32 and the half types, f64 for f64, i64 for integers.
+template <class T>
+struct SumAcc {
+    typedef i64 type;
+};
+template <>
+struct SumAcc<float> {
+    typedef float type;
+};
+template <>
+struct SumAcc<__half> {
+    typedef float type;
+};
+template <>
+struct SumAcc<__nv_bfloat16> {
+    typedef float type;
+};
+template <>
+struct SumAcc<double> {
+    typedef double type;
+};
+
+/// A running maximum and where it was: NaN beats everything, ties go to the lower position.
+template <class A>
+struct Best {
+    A value;
+    i64 at;
+};
+
+template <class A>
+__device__ __forceinline__ Best<A> better(Best<A> x, Best<A> y) {
+    if (y.at < 0) return x;
+    if (x.at < 0) return y;
+    bool xn = x.value != x.value, yn = y.value != y.value;
+    if (xn != yn) return xn ? x : y;
+    if (!xn && x.value != y.value) return x.value > y.value ? x : y;
+    return x.at <= y.at ? x : y;
+}
+
+/// Sums `v` over the block; thread 0 gets the total.
+template <class A>
+__device__ __forceinline__ A block_sum(A v) {
+    __shared__ A partial[REDUCE_THREADS / 32];
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(FULL_MASK, v, offset);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < REDUCE_THREADS / 32 ? partial[lane] : (A)0;
+        for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(FULL_MASK, v, offset);
+    }
+    return v;
+}
+
+/// The block's best (value, position); thread 0 gets it.
+template <class A>
+__device__ __forceinline__ Best<A> block_best(Best<A> v) {
+    __shared__ A values[REDUCE_THREADS / 32];
+    __shared__ i64 ats[REDUCE_THREADS / 32];
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int offset = 16; offset > 0; offset /= 2) {
+        Best<A> other = {__shfl_down_sync(FULL_MASK, v.value, offset), __shfl_down_sync(FULL_MASK, v.at, offset)};
+        v = better(v, other);
+    }
+    if (lane == 0) {
+        values[warp] = v.value;
+        ats[warp] = v.at;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        Best<A> none = {v.value, -1};
+        v = lane < REDUCE_THREADS / 32 ? Best<A>{values[lane], ats[lane]} : none;
+        for (int offset = 16; offset > 0; offset /= 2) {
+            Best<A> other = {__shfl_down_sync(FULL_MASK, v.value, offset), __shfl_down_sync(FULL_MASK, v.at, offset)};
+            v = better(v, other);
+        }
+    }
+    return v;
+}
+
+/// Block b reduces output element b: the input's kept axes (`kept`, row-major over the output)
+/// place its first element, the reduced axes (`reduced`, row-major, `r` elements) walk from it.
+/// Sum and Max write T; ArgMax writes the position along its one reduced axis as i64.
+template <class T, ReduceOp OP>
+__global__ void __launch_bounds__(REDUCE_THREADS)
+    reduce(const T *__restrict__ x, Strided kept, Strided reduced, i64 r,
+           typename Pick<OP == ReduceOp::ArgMax, i64, T>::type *__restrict__ out, i64 outputs) {
+    for (i64 o = blockIdx.x; o < outputs; o += gridDim.x) {
+        const i64 base = position(kept, o);
+        if constexpr (OP == ReduceOp::Sum) {
+            typedef typename SumAcc<T>::type A;
+            A acc = (A)0;
+            for (i64 j = threadIdx.x; j < r; j += blockDim.x) acc += (A)Num<T>::load(x[base + position(reduced, j)]);
+            acc = block_sum(acc);
+            if (threadIdx.x == 0) {
+                if constexpr (IsFloat<T>::value) {
+                    out[o] = Num<T>::store(acc);
+                } else {
+                    out[o] = From<T>::i(acc);  // integers sum in i64, stored saturating
+                }
+            }
+        } else {
+            typedef typename Num<T>::acc A;
+            Best<A> best = {(A)0, -1};
+            for (i64 j = threadIdx.x; j < r; j += blockDim.x) {
+                Best<A> here = {Num<T>::load(x[base + position(reduced, j)]), j};
+                best = better(best, here);
+            }
+            best = block_best(best);
+            if (threadIdx.x == 0) {
+                if constexpr (OP == ReduceOp::ArgMax) {
+                    out[o] = best.at;
+                } else {
+                    out[o] = Num<T>::store(best.value);
+                }
+            }
+        }
+        // The next output reuses the shared partials: everyone must be done reading them.
+        __syncthreads();
+    }
+}

@@ -1,0 +1,240 @@
+//! What the backend needs from a GPU, as a trait with two implementations: the CUDA driver, and
+//! the host emulator that runs the same kernels on the CPU (see `kernels/emulate.h`). Every
+//! launcher in `ops/` talks to this trait only, so CI exercises the launch code (grids, strides,
+//! argument packing) and the kernels together, without a GPU.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::Arc;
+
+use redline_tensor::{Result, TensorError};
+
+/// An address in device memory (a host address on the emulator).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: usize) -> DevicePtr {
+        DevicePtr(self.0 + bytes as u64)
+    }
+}
+
+/// A kernel launch's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchShape {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+}
+
+impl LaunchShape {
+    /// A 1-d grid of `blocks` blocks of `threads` threads.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        Self {
+            grid: [blocks, 1, 1],
+            block: [threads, 1, 1],
+        }
+    }
+}
+
+pub trait Gpu: Send + Sync + fmt::Debug {
+    /// "cuda:0 (NVIDIA H200)", "cuda-emulator".
+    fn name(&self) -> String;
+
+    /// `bytes` of device memory (at least one byte is reserved for an empty request).
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
+
+    /// Returns memory from [`alloc`](Self::alloc); called once per allocation, after every
+    /// launch that uses it has been enqueued.
+    fn free(&self, ptr: DevicePtr);
+
+    /// Copies `bytes` to `dst` (stream-ordered; the bytes may be reused once this returns).
+    fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> Result<()>;
+
+    /// Copies `out.len()` bytes from `src`, after every enqueued launch has finished.
+    fn download(&self, src: DevicePtr, out: &mut [u8]) -> Result<()>;
+
+    /// Enqueues kernel `kernel` (its name expression, e.g. `unary<float, UnaryOp::Exp>`).
+    fn launch(&self, kernel: &str, shape: LaunchShape, args: &KernelArgs) -> Result<()>;
+
+    /// Waits for every enqueued launch and copy.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// A kernel's parameters in cuLaunchKernel's form: one pointer per parameter, to its bytes.
+/// Every value sits in 8-byte words, so any parameter type is read at its alignment.
+#[derive(Debug, Default, Clone)]
+pub struct KernelArgs {
+    values: Vec<Vec<u64>>,
+}
+
+impl KernelArgs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn push_bytes(mut self, bytes: &[u8]) -> Self {
+        let mut words = vec![0u64; bytes.len().div_ceil(8).max(1)];
+        // SAFETY: `words` spans at least `bytes.len()` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast(), bytes.len())
+        };
+        self.values.push(words);
+        self
+    }
+
+    pub fn ptr(self, p: DevicePtr) -> Self {
+        self.push_bytes(&p.0.to_ne_bytes())
+    }
+    pub fn i64(self, v: i64) -> Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    pub fn f64(self, v: f64) -> Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    pub fn strided(self, s: &Strided) -> Self {
+        // SAFETY: Strided is repr(C) plain data without padding bytes (see its layout test).
+        let bytes = unsafe {
+            std::slice::from_raw_parts((s as *const Strided).cast::<u8>(), size_of::<Strided>())
+        };
+        self.push_bytes(bytes)
+    }
+
+    /// The `void**` array a launch takes; valid while `self` is.
+    pub fn pointers(&self) -> Vec<*mut c_void> {
+        self.values
+            .iter()
+            .map(|w| w.as_ptr() as *mut c_void)
+            .collect()
+    }
+}
+
+/// The most axes an operand may have; mirrors `MAX_RANK` in `kernels/common.cuh`.
+pub const MAX_RANK: usize = 8;
+
+/// An operand's layout for a kernel; mirrors `struct Strided` in `kernels/common.cuh`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided {
+    pub offset: i64,
+    pub rank: i32,
+    pub contiguous: i32,
+    pub shape: [i64; MAX_RANK],
+    pub stride: [i64; MAX_RANK],
+}
+
+impl Strided {
+    /// `layout` for a kernel; more than [`MAX_RANK`] axes is an error naming `what`.
+    pub fn new(layout: &redline_tensor::Layout, device: &str, what: &str) -> Result<Self> {
+        Self::from_parts(
+            layout.shape(),
+            layout.strides(),
+            layout.offset(),
+            device,
+            what,
+        )
+    }
+
+    /// A dense row-major run of `n` elements from `offset`.
+    pub fn contiguous(n: usize, offset: usize) -> Self {
+        let mut s = Self {
+            offset: offset as i64,
+            rank: 1,
+            contiguous: 1,
+            shape: [1; MAX_RANK],
+            stride: [0; MAX_RANK],
+        };
+        s.shape[0] = n.max(1) as i64;
+        s.stride[0] = 1;
+        s
+    }
+
+    pub fn from_parts(
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        device: &str,
+        what: &str,
+    ) -> Result<Self> {
+        if shape.len() > MAX_RANK {
+            return Err(TensorError::Backend {
+                device: device.into(),
+                what: format!(
+                    "{what}: {} axes, the CUDA kernels take at most {MAX_RANK}",
+                    shape.len()
+                ),
+            });
+        }
+        let mut s = Self {
+            offset: offset as i64,
+            rank: shape.len() as i32,
+            contiguous: 0,
+            shape: [1; MAX_RANK],
+            stride: [0; MAX_RANK],
+        };
+        for (d, (&n, &st)) in shape.iter().zip(strides).enumerate() {
+            s.shape[d] = n.max(1) as i64;
+            s.stride[d] = st as i64;
+        }
+        // Row-major dense (ignoring axes of size 1): the kernel skips the index arithmetic.
+        let mut expect = 1usize;
+        let mut dense = true;
+        for (&n, &st) in shape.iter().zip(strides).rev() {
+            if n != 1 && st != expect {
+                dense = false;
+            }
+            expect *= n;
+        }
+        s.contiguous = dense as i32;
+        Ok(s)
+    }
+}
+
+/// Device memory owned by a storage: freed when the last handle goes.
+#[derive(Debug)]
+pub struct Buffer {
+    pub ptr: DevicePtr,
+    pub bytes: usize,
+    gpu: Arc<dyn Gpu>,
+}
+
+impl Buffer {
+    pub fn new(gpu: &Arc<dyn Gpu>, bytes: usize) -> Result<Self> {
+        Ok(Self {
+            ptr: gpu.alloc(bytes)?,
+            bytes,
+            gpu: gpu.clone(),
+        })
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        self.gpu.free(self.ptr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_matches_the_kernels_struct() {
+        // i64 offset, i32 rank, i32 contiguous, then two arrays of MAX_RANK i64: no padding.
+        assert_eq!(size_of::<Strided>(), 8 + 4 + 4 + 2 * 8 * MAX_RANK);
+    }
+
+    #[test]
+    fn dense_layouts_take_the_contiguous_path_and_others_do_not() {
+        let dense = Strided::from_parts(&[2, 3, 4], &[12, 4, 1], 5, "t", "x").unwrap();
+        assert_eq!(dense.contiguous, 1);
+        let ones = Strided::from_parts(&[2, 1, 4], &[4, 99, 1], 0, "t", "x").unwrap();
+        assert_eq!(ones.contiguous, 1);
+        let broadcast = Strided::from_parts(&[2, 3], &[0, 1], 0, "t", "x").unwrap();
+        assert_eq!(broadcast.contiguous, 0);
+        let transposed = Strided::from_parts(&[3, 2], &[1, 3], 0, "t", "x").unwrap();
+        assert_eq!(transposed.contiguous, 0);
+        let err = Strided::from_parts(&[1; 9], &[1; 9], 0, "cuda:0", "add").unwrap_err();
+        assert!(err.to_string().contains("9 axes"), "{err}");
+    }
+}

@@ -1,0 +1,128 @@
+//! The kernel sources (embedded, so a binary carries them) and every instantiation the launchers
+//! use, by family. An instantiation is named by its C++ name expression, e.g.
+//! `binary<__half, BinaryOp::Mul>`: NVRTC resolves the same text to the lowered symbol and the
+//! host emulator's registry takes its address, so both run exactly what a launcher asks for.
+
+use redline_tensor::{BinaryOp, DType, ReduceOp, UnaryOp};
+
+/// The GPU architectures every kernel is compiled for: A100, RTX 3090, RTX 4090, H100/H200 and
+/// the RTX 5090 (the target).
+pub const ARCHITECTURES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"];
+
+/// A source file of `kernels/`.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    pub name: &'static str,
+    pub text: &'static str,
+}
+
+/// Headers every family may include (by these names).
+pub const HEADERS: &[Source] = &[Source {
+    name: "common.cuh",
+    text: include_str!("../kernels/common.cuh"),
+}];
+
+/// The host emulation header and its stand-ins for NVIDIA's headers (host builds only).
+pub const EMULATION: &[Source] = &[
+    Source {
+        name: "emulate.h",
+        text: include_str!("../kernels/emulate.h"),
+    },
+    Source {
+        name: "host/cuda_fp16.h",
+        text: include_str!("../kernels/host/cuda_fp16.h"),
+    },
+    Source {
+        name: "host/cuda_bf16.h",
+        text: include_str!("../kernels/host/cuda_bf16.h"),
+    },
+];
+
+/// One `.cu` file and the instantiations launched from it.
+#[derive(Debug, Clone)]
+pub struct Family {
+    pub source: Source,
+    pub instantiations: Vec<String>,
+    /// On a training step's path: a register spill here fails the NVRTC suite.
+    pub hot: bool,
+}
+
+/// The C++ type a dtype is stored as in the kernels.
+pub fn ctype(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F64 => "double",
+        DType::F32 => "float",
+        DType::F16 => "__half",
+        DType::BF16 => "__nv_bfloat16",
+        DType::U8 => "u8",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    }
+}
+
+pub fn unary(dtype: DType, op: UnaryOp) -> String {
+    format!("unary<{}, UnaryOp::{op:?}>", ctype(dtype))
+}
+
+pub fn binary(dtype: DType, op: BinaryOp) -> String {
+    format!("binary<{}, BinaryOp::{op:?}>", ctype(dtype))
+}
+
+pub fn select(dtype: DType) -> String {
+    format!("select<{}>", ctype(dtype))
+}
+
+pub fn convert(from: DType, to: DType) -> String {
+    format!("convert<{}, {}>", ctype(from), ctype(to))
+}
+
+pub fn fill(dtype: DType) -> String {
+    format!("fill<{}>", ctype(dtype))
+}
+
+pub fn reduce(dtype: DType, op: ReduceOp) -> String {
+    format!("reduce<{}, ReduceOp::{op:?}>", ctype(dtype))
+}
+
+/// Every family with every instantiation the backend's declared matrix can launch.
+pub fn families() -> Vec<Family> {
+    let floats = [DType::F64, DType::F32, DType::F16, DType::BF16];
+    let mut elementwise = Vec::new();
+    for &d in &floats {
+        elementwise.extend(UnaryOp::ALL.iter().map(|&op| unary(d, op)));
+    }
+    for d in DType::ALL {
+        let ops = BinaryOp::ALL
+            .iter()
+            .filter(|&&op| crate::matrix::binary(op, d));
+        elementwise.extend(ops.map(|&op| binary(d, op)));
+        elementwise.push(select(d));
+        elementwise.push(fill(d));
+        elementwise.extend(DType::ALL.into_iter().map(|to| convert(d, to)));
+    }
+    let mut reductions = Vec::new();
+    for d in DType::ALL {
+        let ops = ReduceOp::ALL
+            .iter()
+            .filter(|&&op| crate::matrix::reduce(op, d));
+        reductions.extend(ops.map(|&op| reduce(d, op)));
+    }
+    vec![
+        Family {
+            source: Source {
+                name: "elementwise.cu",
+                text: include_str!("../kernels/elementwise.cu"),
+            },
+            instantiations: elementwise,
+            hot: true,
+        },
+        Family {
+            source: Source {
+                name: "reduce.cu",
+                text: include_str!("../kernels/reduce.cu"),
+            },
+            instantiations: reductions,
+            hot: true,
+        },
+    ]
+}

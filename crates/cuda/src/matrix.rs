@@ -1,0 +1,53 @@
+//! The declared (op, dtype) matrix: what this backend runs today. The front end refuses every
+//! other pair with `TensorError::Unsupported` before a launcher is reached, and the conformance
+//! summary prints the matrix, so what is missing is visible rather than silently slow.
+//!
+//! Declared: elementwise (unary on floats; binary, select, convert, copy_into, fill as the host
+//! backends declare them) and reductions. Not yet: matmul (cuBLASLt), convolutions (cuDNN),
+//! softmax, indexing, pooling, random numbers, the input op, batch norm and the optimizer ops.
+
+use redline_tensor::{BinaryOp, DType, Op, OtherOp, ReduceOp};
+
+pub fn supports(op: Op, dtype: DType) -> bool {
+    match op {
+        Op::Unary(_) => dtype.is_float(),
+        Op::Binary(b) => binary(b, dtype),
+        Op::Reduce(r) => reduce(r, dtype),
+        Op::Other(o) => matches!(
+            o,
+            OtherOp::Select | OtherOp::Convert | OtherOp::CopyInto | OtherOp::Fill
+        ),
+        Op::Nn(_) | Op::Optim(_) => false,
+    }
+}
+
+/// Integers take exact arithmetic and comparisons; division and powers need floats.
+pub fn binary(op: BinaryOp, dtype: DType) -> bool {
+    dtype.is_float() || !matches!(op, BinaryOp::Div | BinaryOp::Pow)
+}
+
+/// A u8 sum would overflow (PyTorch promotes it to i64): cast first.
+pub fn reduce(op: ReduceOp, dtype: DType) -> bool {
+    !(op == ReduceOp::Sum && dtype == DType::U8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declares_what_the_host_backends_declare_for_the_families_it_has() {
+        for op in Op::all() {
+            for d in DType::ALL {
+                if supports(op, d) {
+                    assert!(
+                        redline_tensor::reference::host_matrix(op, d),
+                        "{op}/{d} declared but the reference cannot check it"
+                    );
+                } else if matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Reduce(_)) {
+                    assert!(!redline_tensor::reference::host_matrix(op, d), "{op}/{d}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! The CUDA backend's launchers and kernels on the host emulator, against the f64 reference:
+//! the conformance suite over the declared matrix, then cases aimed at what a GPU gets wrong
+//! quietly — tails of odd lengths, broadcasting, strided and channels-last views, every
+//! conversion, blocks of many warps. Needs only a host C++ compiler (g++).
+//!
+//! Mutated kernels (`REDLINE_CUDA_KERNELS`, set by `cargo xtask test`) must fail this file.
+
+use std::sync::{Arc, OnceLock};
+
+use redline_cuda::{CudaBackend, KernelArgs, LaunchShape};
+use redline_tensor::{DType, Device, Tensor};
+use redline_testkit::{run_conformance, SuiteConfig};
+
+fn device() -> Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            let backend = CudaBackend::emulated().unwrap_or_else(|e| panic!("{e}"));
+            Device::new(Arc::new(backend))
+        })
+        .clone()
+}
+
+fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
+        assert!(ok, "{what}[{i}] = {g}, reference {w}");
+    }
+}
+
+/// `f` on the emulated CUDA device and on the reference, compared.
+fn same_as_reference(what: &str, tol: f64, f: impl Fn(&Device) -> Tensor) {
+    let got = f(&device())
+        .to_f64_vec()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let want = f(&Device::reference()).to_f64_vec().unwrap();
+    close(&got, &want, tol, what);
+}
+
+fn ramp(n: usize, scale: f64) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 37 % 101) as f64 * scale - 1.7) as f32)
+        .collect()
+}
+
+#[test]
+fn the_emulated_backend_passes_the_conformance_suite_over_its_matrix() {
+    let report = run_conformance(
+        &device(),
+        &SuiteConfig {
+            cases: 8,
+            max_shrink_ms: 5_000,
+        },
+    );
+    println!("{}", report.matrix());
+    report.assert_passed();
+}
+
+#[test]
+fn tails_of_odd_lengths_around_block_and_grid_edges() {
+    // 1 element, a warp ± 1, a block ± 1, several blocks and a ragged end.
+    for n in [1usize, 31, 33, 255, 257, 1000, 2049] {
+        same_as_reference(&format!("exp of {n}"), 1e-6, |d| {
+            Tensor::from_slice(&ramp(n, 0.03), &[n], d)
+                .unwrap()
+                .exp()
+                .unwrap()
+        });
+        same_as_reference(&format!("sum of {n}"), 1e-5, |d| {
+            Tensor::from_slice(&ramp(n, 0.03), &[n], d)
+                .unwrap()
+                .sum(&[], false)
+                .unwrap()
+        });
+    }
+}
+
+#[test]
+fn broadcasting_strided_and_channels_last_operands() {
+    same_as_reference("[3,1,5] + [4,1]", 1e-6, |d| {
+        let a = Tensor::from_slice(&ramp(15, 0.1), &[3, 1, 5], d).unwrap();
+        let b = Tensor::from_slice(&ramp(4, 0.2), &[4, 1], d).unwrap();
+        a.add(&b).unwrap()
+    });
+    same_as_reference("transposed * narrowed", 1e-6, |d| {
+        let a = Tensor::from_slice(&ramp(35, 0.1), &[5, 7], d).unwrap();
+        let b = Tensor::from_slice(&ramp(49, 0.1), &[7, 7], d).unwrap();
+        let at = a.transpose(0, 1).unwrap();
+        let bn = b.narrow(1, 2, 5).unwrap();
+        at.mul(&bn).unwrap()
+    });
+    same_as_reference("channels-last relu", 0.0, |d| {
+        let x = Tensor::from_slice(&ramp(2 * 3 * 5 * 7, 0.05), &[2, 3, 5, 7], d).unwrap();
+        x.to_channels_last().unwrap().relu().unwrap()
+    });
+}
+
+#[test]
+fn reductions_over_several_axes_of_strided_views() {
+    let make = |d: &Device| {
+        Tensor::from_slice(&ramp(2 * 3 * 4 * 37, 0.07), &[2, 3, 4, 37], d)
+            .unwrap()
+            .to_channels_last()
+            .unwrap()
+    };
+    same_as_reference("sum over 0 and 2", 1e-5, |d| {
+        make(d).sum(&[0, 2], true).unwrap()
+    });
+    same_as_reference("sum over 3", 1e-5, |d| make(d).sum(&[3], true).unwrap());
+    same_as_reference("max over 1 and 3", 0.0, |d| {
+        make(d).max(&[1, 3], true).unwrap()
+    });
+    same_as_reference("argmax over 3", 0.0, |d| make(d).argmax(3, true).unwrap());
+    // More than one block's worth of reduced elements per output (600 > 256 threads).
+    same_as_reference("sum of 2 × 600", 1e-5, |d| {
+        Tensor::from_slice(&ramp(1200, 0.01), &[2, 600], d)
+            .unwrap()
+            .sum(&[1], true)
+            .unwrap()
+    });
+}
+
+#[test]
+fn argmax_takes_the_first_maximum_and_nan_wins() {
+    let dev = device();
+    let x = Tensor::from_slice(
+        &[1.0f32, 7.0, 7.0, 2.0, 3.0, f32::NAN, 9.0, f32::NAN],
+        &[2, 4],
+        &dev,
+    )
+    .unwrap();
+    let arg = x.argmax(1, false).unwrap().to_vec::<i64>().unwrap();
+    assert_eq!(arg, [1, 1]);
+    let max = x.max(&[1], false).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(max[0], 7.0);
+    assert!(max[1].is_nan());
+}
+
+#[test]
+fn every_conversion_between_dtypes_matches_the_reference() {
+    let values = [
+        0.0f64, 1.0, -1.0, 2.5, -2.5, 3.7, 100.0, 255.0, 300.0, -300.0, 65504.0,
+    ];
+    for from in DType::ALL {
+        for to in DType::ALL {
+            same_as_reference(&format!("{from} -> {to}"), 0.0, |d| {
+                let bytes: Vec<u8> = {
+                    let mut b = vec![0u8; values.len() * from.size()];
+                    for (i, &v) in values.iter().enumerate() {
+                        from.write(&mut b, i, from.round(v));
+                    }
+                    b
+                };
+                let x = Tensor::from_bytes(bytes, from, &[values.len()], d).unwrap();
+                x.cast(to).unwrap()
+            });
+        }
+    }
+}
+
+#[test]
+fn half_precision_ops_round_once_like_the_reference() {
+    for dtype in [DType::F16, DType::BF16] {
+        same_as_reference(&format!("gelu {dtype}"), 0.0, |d| {
+            Tensor::from_slice(&ramp(300, 0.05), &[300], d)
+                .unwrap()
+                .cast(dtype)
+                .unwrap()
+                .gelu()
+                .unwrap()
+        });
+    }
+}
+
+#[test]
+fn a_kernel_writing_past_its_buffer_is_caught() {
+    let backend = CudaBackend::emulated().unwrap();
+    let gpu = backend.gpu();
+    let out = gpu.alloc(10 * 4).unwrap();
+    // fill<float> told there are 11 elements in a buffer of 10.
+    let args = KernelArgs::new().ptr(out).i64(11).f64(1.0);
+    let err = gpu
+        .launch("fill<float>", LaunchShape::linear(1, 32), &args)
+        .unwrap_err();
+    assert!(err.to_string().contains("wrote outside"), "{err}");
+    gpu.free(out);
+}
+
+#[test]
+fn launch_errors_name_the_kernel_and_the_problem() {
+    let backend = CudaBackend::emulated().unwrap();
+    let gpu = backend.gpu();
+    let out = gpu.alloc(4).unwrap();
+    let args = KernelArgs::new().ptr(out).i64(1).f64(1.0);
+    let err = gpu
+        .launch("fill<float>", LaunchShape::linear(1, 2048), &args)
+        .unwrap_err();
+    assert!(err.to_string().contains("2048 threads"), "{err}");
+    let err = gpu
+        .launch("fill<quad>", LaunchShape::linear(1, 32), &args)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("no kernel instantiation named fill<quad>"),
+        "{err}"
+    );
+    gpu.free(out);
+}
+
+#[test]
+fn a_storage_of_another_device_is_refused() {
+    let other = Device::new(Arc::new(CudaBackend::emulated().unwrap()));
+    let a = Tensor::from_slice(&[1.0f32], &[1], &device()).unwrap();
+    let b = Tensor::from_slice(&[1.0f32], &[1], &other).unwrap();
+    assert!(a.add(&b).is_err());
+}
