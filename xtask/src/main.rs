@@ -6,6 +6,7 @@
 mod bench;
 mod data;
 mod imagenet;
+mod mutations;
 mod run;
 mod test;
 mod train;
@@ -39,6 +40,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// Plant known bugs in copies of the CUDA kernels and check the host-emulated suite fails on
+    /// each (also a phase of `test`).
+    KernelMutations,
     /// Train a ResNet with evaluation and checkpoints every epoch (`--data` required).
     Train(train::TrainArgs),
 }
@@ -49,5 +53,6 @@ fn main() -> Result<()> {
         Command::Shards { args } => run::data_tool(&args, run::Profile::Release),
         Command::Bench(bench) => bench::run(bench),
         Command::Train(args) => train::run(args),
+        Command::KernelMutations => mutations::run().map(|note| println!("{note}")),
     }
 }

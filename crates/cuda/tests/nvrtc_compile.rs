@@ -1,0 +1,114 @@
+//! The NVRTC hardware suite: every kernel family compiled to CUBIN for every target
+//! architecture, with ptxas's registers, shared memory and spills per kernel printed as a table.
+//! A compile error fails, and so does a spill in a family marked hot. Ignored in a plain
+//! `cargo test`; `cargo xtask test` runs it with `--ignored`. Without NVRTC it prints the skip
+//! marker xtask reports as "skipped" — or fails when `REDLINE_HARDWARE_REQUIRED=1` (CI,
+//! `--require nvrtc`). NVRTC comes from PyPI: `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime`.
+
+use std::collections::BTreeMap;
+
+use redline_cuda::kernels::{self, ARCHITECTURES, HEADERS};
+use redline_cuda::nvrtc::{Nvrtc, Resources};
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
+    let nvrtc = match Nvrtc::load() {
+        Ok(n) => n,
+        Err(e) if std::env::var("REDLINE_HARDWARE_REQUIRED").is_ok_and(|v| v == "1") => {
+            panic!("the NVRTC suite is required but: {e}")
+        }
+        Err(e) => {
+            println!("redline-hardware-skip: {e}");
+            return;
+        }
+    };
+    println!(
+        "NVRTC {}.{} from {} (headers {})",
+        nvrtc.version.0,
+        nvrtc.version.1,
+        nvrtc.path.display(),
+        nvrtc.include_dir.display()
+    );
+    let families = kernels::families();
+    // Every (family, architecture) compile on its own thread: NVRTC programs are independent.
+    let results: Vec<(String, &str, Result<redline_cuda::nvrtc::Cubin, String>)> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = families
+                .iter()
+                .flat_map(|f| ARCHITECTURES.iter().map(move |&arch| (f, arch)))
+                .map(|(f, arch)| {
+                    let nvrtc = &nvrtc;
+                    s.spawn(move || {
+                        (
+                            f.source.name.to_string(),
+                            arch,
+                            nvrtc.compile(f, HEADERS, arch),
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a compile thread panicked"))
+                .collect()
+        });
+
+    let mut failures = Vec::new();
+    // kernel → arch → resources
+    let mut table: BTreeMap<(String, String), BTreeMap<&str, Resources>> = BTreeMap::new();
+    for (family, arch, result) in &results {
+        match result {
+            Err(e) => failures.push(format!("{family} for {arch}: {e}")),
+            Ok(cubin) => {
+                assert!(!cubin.image.is_empty(), "{family} for {arch}: empty CUBIN");
+                let hot = families.iter().any(|f| f.source.name == family && f.hot);
+                for (kernel, r) in &cubin.resources {
+                    if hot && r.spills() {
+                        failures.push(format!(
+                            "{kernel} spills on {arch} ({} bytes stored, {} loaded)",
+                            r.spill_stores, r.spill_loads
+                        ));
+                    }
+                    table
+                        .entry((family.clone(), kernel.clone()))
+                        .or_default()
+                        .insert(arch, r.clone());
+                }
+            }
+        }
+    }
+    let mut out = format!("{:<52}", "kernel (registers / shared bytes / spill bytes)");
+    for arch in ARCHITECTURES {
+        out.push_str(&format!("{arch:>14}"));
+    }
+    out.push('\n');
+    for ((_, kernel), per_arch) in &table {
+        out.push_str(&format!("{kernel:<52}"));
+        for arch in ARCHITECTURES {
+            let cell = per_arch.get(arch).map_or("-".to_string(), |r| {
+                format!(
+                    "{}/{}/{}",
+                    r.registers,
+                    r.shared_bytes,
+                    r.spill_stores + r.spill_loads
+                )
+            });
+            out.push_str(&format!("{cell:>14}"));
+        }
+        out.push('\n');
+    }
+    println!("{out}");
+    let expected: usize = families.iter().map(|f| f.instantiations.len()).sum();
+    println!(
+        "{} kernels × {} architectures compiled to CUBIN",
+        table.len(),
+        ARCHITECTURES.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(
+        table.len(),
+        expected,
+        "every instantiation has a ptxas report"
+    );
+}

@@ -1,0 +1,114 @@
+//! Proof that the CUDA kernels' host-emulated suite can fail: each mutation plants one bug a
+//! GPU would hide or show only by chance — a tail off by one, a missing `__syncthreads()`, a
+//! shuffle from the wrong lane — in a copy of `crates/cuda/kernels`, and the emulated suite
+//! (`crates/cuda/tests/emulated.rs`, pointed at the copy by `REDLINE_CUDA_KERNELS`) must fail
+//! on it. A mutation whose text no longer occurs exactly once fails too, so the list keeps up
+//! with the kernels.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use crate::run;
+
+struct Mutation {
+    name: &'static str,
+    file: &'static str,
+    original: &'static str,
+    mutated: &'static str,
+}
+
+const MUTATIONS: &[Mutation] = &[
+    Mutation {
+        name: "tail off by one",
+        file: "elementwise.cu",
+        original: "i < n; i += grid_step()) {\n        typename Num<T>::acc v = Num<T>::load(x[position(xs, i)]);",
+        mutated: "i <= n; i += grid_step()) {\n        typename Num<T>::acc v = Num<T>::load(x[position(xs, i)]);",
+    },
+    Mutation {
+        name: "missing __syncthreads",
+        file: "reduce.cu",
+        original: "    if (lane == 0) partial[warp] = v;\n    __syncthreads();\n",
+        mutated: "    if (lane == 0) partial[warp] = v;\n",
+    },
+    Mutation {
+        name: "wrong shuffle lane",
+        file: "reduce.cu",
+        original: "v += __shfl_down_sync(FULL_MASK, v, offset);\n    if (lane == 0) partial[warp] = v;",
+        mutated: "v += __shfl_down_sync(FULL_MASK, v, offset + 1);\n    if (lane == 0) partial[warp] = v;",
+    },
+];
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs every mutation; Ok with a one-line summary when each one failed the emulated suite.
+pub fn run() -> Result<String> {
+    let kernels = run::root().join("crates/cuda/kernels");
+    let work = run::target_dir().join("xtask/kernel-mutations");
+    let mut caught = Vec::new();
+    for m in MUTATIONS {
+        let dir = work.join(m.name.replace(' ', "-"));
+        let _ = fs::remove_dir_all(&dir);
+        copy_dir(&kernels, &dir).with_context(|| format!("copying {}", kernels.display()))?;
+        let path = dir.join(m.file);
+        let text = fs::read_to_string(&path)?;
+        let found = text.matches(m.original).count();
+        if found != 1 {
+            bail!(
+                "mutation '{}': its text occurs {found} times in {} (expected once); update xtask/src/mutations.rs",
+                m.name,
+                m.file
+            );
+        }
+        fs::write(&path, text.replace(m.original, m.mutated))?;
+        let mut cmd = run::cargo();
+        cmd.args(["test", "--package", "redline-cuda", "--test", "emulated"])
+            .env("REDLINE_CUDA_KERNELS", &dir);
+        eprintln!("mutation '{}' in {}:", m.name, m.file);
+        eprintln!(
+            "$ REDLINE_CUDA_KERNELS={} {}",
+            dir.display(),
+            run::describe(&cmd)
+        );
+        let output = cmd.output().context("could not start cargo")?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        // The failing tests' names, from libtest's summary.
+        let failed: Vec<&str> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... FAILED"))
+            .collect();
+        if output.status.success() {
+            eprint!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+            bail!(
+                "mutation '{}' in {} passed the emulated suite: the suite cannot see this bug",
+                m.name,
+                m.file
+            );
+        }
+        if failed.is_empty() {
+            // Failed, but not in a test: a build error is no proof.
+            eprint!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+            bail!("mutation '{}': the emulated suite did not run", m.name);
+        }
+        eprintln!(
+            "  caught by {} test(s): {}",
+            failed.len(),
+            failed.join(", ")
+        );
+        caught.push(format!("{} ({} tests)", m.name, failed.len()));
+    }
+    Ok(format!("each caught: {}", caught.join("; ")))
+}
