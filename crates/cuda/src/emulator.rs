@@ -167,8 +167,12 @@ fn compiler() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "g++".into())
 }
 
-/// Builds (or finds in the cache) the emulator library; returns its path.
+/// Builds (or finds in the cache) the emulator library; returns its path. One build at a time
+/// in a process: test threads that start together wait for the first instead of compiling the
+/// same kernels side by side.
 fn build() -> Result<PathBuf> {
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
     let families = kernels::families();
     let files = sources()?;
     let registry = registry(&families);

@@ -10,10 +10,12 @@
 //!   shared memory and spills ([`nvrtc`], `tests/nvrtc_compile.rs`).
 //!
 //! What runs today is the declared matrix of [`matrix`]: elementwise ops and reductions. The
-//! CUDA driver behind [`Gpu`], cuBLASLt matmuls, cuDNN convolutions and the remaining op families
-//! come next (issue: the CUDA backend); until then the front end refuses their pairs with the
-//! clear `Unsupported` error.
+//! CUDA driver behind [`Gpu`] ([`driver::CudaDriver`]) is written and compiled but has not run on
+//! a GPU yet; cuBLASLt matmuls, cuDNN convolutions and the remaining op families come next
+//! (issue: the CUDA backend); until then the front end refuses their pairs with the clear
+//! `Unsupported` error.
 
+pub mod driver;
 pub mod emulator;
 pub mod gpu;
 pub mod kernels;
@@ -57,6 +59,11 @@ impl CudaBackend {
             gpu,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed) | (3 << 48),
         }
+    }
+
+    /// The backend on CUDA device `ordinal`, or why there is none (never a panic).
+    pub fn device(ordinal: usize) -> Result<Self, driver::Unavailable> {
+        Ok(Self::new(Arc::new(driver::CudaDriver::new(ordinal)?)))
     }
 
     /// The backend on the host emulator (builds the kernels for the host on first use).

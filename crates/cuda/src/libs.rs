@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The CUDA major version this build's bindings are for.
-pub const CUDA_MAJOR: u32 = if cfg!(feature = "cuda-12080") { 12 } else { 13 };
+pub const CUDA_MAJOR: u32 = if cfg!(feature = "cuda-13000") { 13 } else { 12 };
 
 /// Why a library could not be had: an ordinary answer, printed as is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,331 @@
+//! The CUDA driver behind [`Gpu`]: one context and one created (non-default) stream per device,
+//! raw stream-ordered allocations, kernels from CUBIN compiled by NVRTC for the device's exact
+//! architecture, launched with `cuLaunchKernel`'s `void**` parameters — the same ones the host
+//! emulator takes.
+//!
+//! Detection never panics: the driver library is found by file (`libcuda.so.1`, see
+//! [`crate::libs`]) and loaded before cudarc's first call (cudarc panics when it finds none),
+//! and "no NVIDIA driver", "a driver but no device" and "library not found (looked in …)" come
+//! back as errors. `CUDA_VISIBLE_DEVICES` is honoured by the driver itself.
+//!
+//! Not yet run on a GPU: written against cudarc 0.19's API and compiled in CI; the GPU check
+//! (`gpu-check`) that proves it is still to come.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use redline_tensor::{Result, TensorError};
+
+use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape};
+use crate::kernels::{self, HEADERS};
+use crate::libs::{self, LibError};
+use crate::nvrtc::Nvrtc;
+
+/// Why there is no CUDA device here: an ordinary answer, never a panic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    NoDriver(LibError),
+    NoDevice(String),
+    Failed(String),
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unavailable::NoDriver(e) => write!(f, "no NVIDIA driver: {e}"),
+            Unavailable::NoDevice(why) => write!(f, "an NVIDIA driver but no device: {why}"),
+            Unavailable::Failed(why) => write!(f, "the CUDA driver failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// The driver library, loaded once from the file [`libs`] chose (kept for the process).
+fn driver_library() -> Result<&'static PathBuf, Unavailable> {
+    static LOADED: OnceLock<Result<(PathBuf, libloading::Library), LibError>> = OnceLock::new();
+    let loaded = LOADED.get_or_init(|| {
+        let path = libs::find("libcuda.so.1")?;
+        let lib = libs::load_global(&path)?;
+        Ok((path, lib))
+    });
+    match loaded {
+        Ok((path, _)) => Ok(path),
+        Err(e) => Err(Unavailable::NoDriver(e.clone())),
+    }
+}
+
+/// Runs a cudarc call that may panic on a missing library or symbol, as an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, Unavailable> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let why = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic inside cudarc".into());
+        Unavailable::Failed(format!("{what}: {why}"))
+    })
+}
+
+/// How many devices the driver sees (after `CUDA_VISIBLE_DEVICES`).
+pub fn device_count() -> Result<usize, Unavailable> {
+    driver_library()?;
+    // SAFETY: the driver library is loaded (above), so cudarc finds it.
+    if !guarded("loading the driver", || unsafe { sys::is_culib_present() })? {
+        return Err(Unavailable::NoDriver(LibError::Load {
+            path: driver_library()?.clone(),
+            why: "loaded, but cudarc cannot open it".into(),
+        }));
+    }
+    match guarded("cuDeviceGetCount", CudaContext::device_count)? {
+        Ok(0) => Err(Unavailable::NoDevice("the driver reports 0 devices".into())),
+        Ok(n) => Ok(n as usize),
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => Err(Unavailable::NoDevice(
+            "cuInit: CUDA_ERROR_NO_DEVICE (check CUDA_VISIBLE_DEVICES)".into(),
+        )),
+        Err(e) => Err(Unavailable::Failed(format!("cuInit: {e:?}"))),
+    }
+}
+
+/// What a device is: for reports and the registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// "sm_90" for compute capability 9.0.
+    pub arch: String,
+    pub total_bytes: usize,
+    pub driver_version: i32,
+    pub driver_path: PathBuf,
+}
+
+/// A family's module on this device: each name expression's function.
+struct Module {
+    _module: sys::CUmodule,
+    functions: HashMap<String, sys::CUfunction>,
+}
+
+// SAFETY: CUDA handles are usable from any thread once the context is current there (every use
+// below binds the context first), and a Module is never changed after it is built.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+/// One CUDA device.
+pub struct CudaDriver {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    nvrtc: OnceLock<Result<Nvrtc, String>>,
+}
+
+impl std::fmt::Debug for CudaDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaDriver({:?})", self.info)
+    }
+}
+
+fn failed(device: &str, what: &str, e: impl std::fmt::Debug) -> TensorError {
+    TensorError::Backend {
+        device: device.into(),
+        what: format!("{what}: {e:?}"),
+    }
+}
+
+impl CudaDriver {
+    /// Device `ordinal`: a context, a created stream, the device's description.
+    pub fn new(ordinal: usize) -> Result<Self, Unavailable> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Unavailable::NoDevice(format!(
+                "cuda:{ordinal} asked for, {count} device(s) visible"
+            )));
+        }
+        let fail = |what: &str, e: sys::CUresult| Unavailable::Failed(format!("{what}: {e:?}"));
+        let ctx = guarded("cuCtx", || CudaContext::new(ordinal))?
+            .map_err(|e| fail("creating the context", e.0))?;
+        // Streams the backend created (the legacy default stream cannot be captured later), and
+        // no per-allocation events: ordering is the one stream's.
+        // SAFETY: called before any allocation of this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| fail("creating a stream", e.0))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| fail("compute capability", e.0))?;
+        let mut driver_version = 0;
+        // SAFETY: an out-parameter.
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) };
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().map_err(|e| fail("device name", e.0))?,
+            arch: format!("sm_{major}{minor}"),
+            total_bytes: ctx.total_mem().map_err(|e| fail("device memory", e.0))?,
+            driver_version,
+            driver_path: driver_library()?.clone(),
+        };
+        Ok(Self {
+            ctx,
+            stream,
+            info,
+            modules: Mutex::new(HashMap::new()),
+            nvrtc: OnceLock::new(),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn error(&self, what: &str, e: impl std::fmt::Debug) -> TensorError {
+        failed(&self.name(), what, e)
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.error("binding the context", e))
+    }
+
+    /// The module of the family that holds `kernel`, compiled for this device on first use.
+    fn module_for(&self, kernel: &str) -> Result<Arc<Module>> {
+        let families = kernels::families();
+        let family = families
+            .iter()
+            .find(|f| f.instantiations.iter().any(|i| i == kernel))
+            .ok_or_else(|| {
+                self.error("launch", format!("no kernel instantiation named {kernel}"))
+            })?;
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = modules.get(family.source.name) {
+            return Ok(m.clone());
+        }
+        let nvrtc = self
+            .nvrtc
+            .get_or_init(|| Nvrtc::load().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| self.error("NVRTC is needed to compile the kernels", e))?;
+        let cubin = nvrtc
+            .compile(family, HEADERS, &self.info.arch)
+            .map_err(|e| self.error("compiling", e))?;
+        self.bind()?;
+        // SAFETY: a CUBIN NVRTC just made for this device's architecture.
+        let module = unsafe { result::module::load_data(cubin.image.as_ptr() as *const c_void) }
+            .map_err(|e| self.error("loading the CUBIN", e))?;
+        let mut functions = HashMap::new();
+        for (expr, lowered) in &cubin.symbols {
+            let name = CString::new(lowered.as_str()).map_err(|e| self.error("symbol", e))?;
+            // SAFETY: `module` is loaded; the symbol is one NVRTC lowered for it.
+            let f = unsafe { result::module::get_function(module, name) }
+                .map_err(|e| self.error(expr, e))?;
+            functions.insert(expr.clone(), f);
+        }
+        let m = Arc::new(Module {
+            _module: module,
+            functions,
+        });
+        modules.insert(family.source.name, m.clone());
+        Ok(m)
+    }
+}
+
+impl Gpu for CudaDriver {
+    fn name(&self) -> String {
+        format!("cuda:{} ({})", self.info.ordinal, self.info.name)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        // SAFETY: stream-ordered allocation on this context's stream.
+        unsafe { result::malloc_async(self.stream.cu_stream(), bytes.max(1)) }
+            .map(DevicePtr)
+            .map_err(|e| self.error(&format!("allocating {bytes} bytes"), e))
+    }
+
+    fn free(&self, ptr: DevicePtr) {
+        if self.bind().is_ok() {
+            // SAFETY: `ptr` came from `alloc`; freed after every launch using it was enqueued.
+            let _ = unsafe { result::free_async(ptr.0, self.stream.cu_stream()) };
+        }
+    }
+
+    fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `dst` holds at least `bytes.len()` bytes. A copy from pageable memory returns
+        // once the bytes are staged, so the caller may reuse them afterwards.
+        unsafe { result::memcpy_htod_async(dst.0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| self.error("upload", e))
+    }
+
+    fn download(&self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `src` holds at least `out.len()` bytes; `out` outlives the synchronize below.
+        unsafe { result::memcpy_dtoh_async(out, src.0, self.stream.cu_stream()) }
+            .map_err(|e| self.error("download", e))?;
+        self.synchronize()
+    }
+
+    fn launch(&self, kernel: &str, shape: LaunchShape, args: &KernelArgs) -> Result<()> {
+        let module = self.module_for(kernel)?;
+        let f = *module
+            .functions
+            .get(kernel)
+            .ok_or_else(|| self.error("launch", format!("{kernel} is not in its module")))?;
+        self.bind()?;
+        let mut params = args.pointers();
+        let [gx, gy, gz] = shape.grid;
+        let [bx, by, bz] = shape.block;
+        // SAFETY: `params` point at the kernel's parameters in order and type (the launchers in
+        // `ops/` pack them as the kernel declares them); they live until the call returns, and
+        // cuLaunchKernel copies them.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (gx, gy, gz),
+                (bx, by, bz),
+                0,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| self.error(kernel, e))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| self.error("synchronize", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without the driver (CI) this is the answer; with one, a device or the
+    /// reason there is none. Either way: no panic.
+    #[test]
+    fn detection_answers_without_panicking() {
+        match CudaDriver::new(0) {
+            Ok(d) => println!("found {:?}", d.info()),
+            Err(e) => {
+                let text = e.to_string();
+                println!("{text}");
+                assert!(
+                    text.starts_with("no NVIDIA driver")
+                        || text.starts_with("an NVIDIA driver but no device")
+                        || text.starts_with("the CUDA driver failed"),
+                    "{text}"
+                );
+                if let Unavailable::NoDriver(LibError::NotFound { looked_in, .. }) = &e {
+                    assert!(!looked_in.is_empty());
+                    assert!(text.contains("libcuda.so.1"), "{text}");
+                }
+            }
+        }
+    }
+}
