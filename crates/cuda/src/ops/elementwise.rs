@@ -13,40 +13,32 @@ pub struct Operand<'a> {
     pub layout: &'a Layout,
 }
 
-impl Operand<'_> {
-    fn strided(&self, gpu: &dyn Gpu, what: &str) -> Result<Strided> {
-        Strided::new(self.layout, &gpu.name(), what)
+/// Launches `kernel(op0, strided0, op1, strided1, …, n)` over `out`'s elements, the output
+/// last — the parameter order every strided elementwise kernel declares.
+fn launch(gpu: &dyn Gpu, kernel: &str, what: &str, operands: &[&Operand]) -> Result<()> {
+    let Some(out) = operands.last() else {
+        return Ok(());
+    };
+    let n = out.layout.numel();
+    if n == 0 {
+        return Ok(());
     }
+    let device = gpu.name();
+    let mut args = KernelArgs::new();
+    for operand in operands {
+        args = args
+            .ptr(operand.ptr)
+            .strided(&Strided::new(operand.layout, &device, what)?);
+    }
+    gpu.launch(kernel, linear_shape(n), &args.i64(n as i64))
 }
 
 pub fn unary(gpu: &dyn Gpu, op: UnaryOp, x: &Operand, out: &Operand) -> Result<()> {
-    let n = out.layout.numel();
-    if n == 0 {
-        return Ok(());
-    }
-    let args = KernelArgs::new()
-        .ptr(x.ptr)
-        .strided(&x.strided(gpu, op.name())?)
-        .ptr(out.ptr)
-        .strided(&out.strided(gpu, op.name())?)
-        .i64(n as i64);
-    gpu.launch(&kernels::unary(x.dtype, op), linear_shape(n), &args)
+    launch(gpu, &kernels::unary(x.dtype, op), op.name(), &[x, out])
 }
 
 pub fn binary(gpu: &dyn Gpu, op: BinaryOp, a: &Operand, b: &Operand, out: &Operand) -> Result<()> {
-    let n = out.layout.numel();
-    if n == 0 {
-        return Ok(());
-    }
-    let args = KernelArgs::new()
-        .ptr(a.ptr)
-        .strided(&a.strided(gpu, op.name())?)
-        .ptr(b.ptr)
-        .strided(&b.strided(gpu, op.name())?)
-        .ptr(out.ptr)
-        .strided(&out.strided(gpu, op.name())?)
-        .i64(n as i64);
-    gpu.launch(&kernels::binary(a.dtype, op), linear_shape(n), &args)
+    launch(gpu, &kernels::binary(a.dtype, op), op.name(), &[a, b, out])
 }
 
 pub fn select(
@@ -56,40 +48,17 @@ pub fn select(
     b: &Operand,
     out: &Operand,
 ) -> Result<()> {
-    let n = out.layout.numel();
-    if n == 0 {
-        return Ok(());
-    }
-    let args = KernelArgs::new()
-        .ptr(cond.ptr)
-        .strided(&cond.strided(gpu, "where")?)
-        .ptr(a.ptr)
-        .strided(&a.strided(gpu, "where")?)
-        .ptr(b.ptr)
-        .strided(&b.strided(gpu, "where")?)
-        .ptr(out.ptr)
-        .strided(&out.strided(gpu, "where")?)
-        .i64(n as i64);
-    gpu.launch(&kernels::select(a.dtype), linear_shape(n), &args)
+    launch(gpu, &kernels::select(a.dtype), "where", &[cond, a, b, out])
 }
 
 /// `out = x` converted to `out.dtype`, element by element in logical order: a cast, a relayout
 /// into a dense layout, or a copy into part of an existing storage.
 pub fn convert(gpu: &dyn Gpu, x: &Operand, out: &Operand) -> Result<()> {
-    let n = out.layout.numel();
-    if n == 0 {
-        return Ok(());
-    }
-    let args = KernelArgs::new()
-        .ptr(x.ptr)
-        .strided(&x.strided(gpu, "convert")?)
-        .ptr(out.ptr)
-        .strided(&out.strided(gpu, "convert")?)
-        .i64(n as i64);
-    gpu.launch(
+    launch(
+        gpu,
         &kernels::convert(x.dtype, out.dtype),
-        linear_shape(n),
-        &args,
+        "convert",
+        &[x, out],
     )
 }
 
