@@ -28,15 +28,18 @@ const MUTATIONS: &[Mutation] = &[
     },
     Mutation {
         name: "missing __syncthreads",
-        file: "reduce.cu",
+        file: "block.cuh",
         original: "    if (lane == 0) partial[warp] = v;\n    __syncthreads();\n",
         mutated: "    if (lane == 0) partial[warp] = v;\n",
     },
     Mutation {
         name: "wrong shuffle lane",
-        file: "reduce.cu",
-        original: "v += __shfl_down_sync(FULL_MASK, v, offset);\n    if (lane == 0) partial[warp] = v;",
-        mutated: "v += __shfl_down_sync(FULL_MASK, v, offset + 1);\n    if (lane == 0) partial[warp] = v;",
+        file: "block.cuh",
+        original: "v = op(v, __shfl_xor_sync(FULL_MASK, v, offset));",
+        // Not `offset + 1`: partners 17, 9, 5, 3, 2 still span all 32 lanes, so that butterfly
+        // sums correctly (an equivalent mutant, which this check once caught). Halving the
+        // partner leaves lane bit 4 out and pairs each lane with itself last.
+        mutated: "v = op(v, __shfl_xor_sync(FULL_MASK, v, offset / 2));",
     },
 ];
 

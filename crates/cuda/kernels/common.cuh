@@ -162,6 +162,18 @@ __device__ __forceinline__ To convert_value(T v) {
     }
 }
 
+/// +∞ of a float type (NVRTC has no <cmath> constants).
+template <class A>
+__device__ __forceinline__ A infinity();
+template <>
+__device__ __forceinline__ float infinity<float>() {
+    return __int_as_float(0x7f800000);
+}
+template <>
+__device__ __forceinline__ double infinity<double>() {
+    return __longlong_as_double(0x7ff0000000000000LL);
+}
+
 /// 1-d grid-stride loop bounds: every thread handles i = first, first + step, … below n.
 __device__ __forceinline__ i64 first_index() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ i64 grid_step() { return (i64)gridDim.x * blockDim.x; }

@@ -1,14 +1,13 @@
 // Reductions over any set of axes: one block per output element, its threads striding over the
 // reduced elements, then a warp-shuffle tree and one exchange through shared memory. The order
 // of additions depends only on the block size, so every run gives the same bits.
-#include "common.cuh"
+#include "block.cuh"
 
 /// Mirrors redline_tensor::ReduceOp.
 enum class ReduceOp { Sum, Max, ArgMax };
 
 /// Threads per reduction block (a multiple of the warp; the launcher uses exactly this).
 #define REDUCE_THREADS 256
-#define FULL_MASK 0xffffffffu
 
 /// What sums accumulate in: f32 for f32 and the half types, f64 for f64, i64 for integers.
 template <class T>
@@ -47,21 +46,6 @@ __device__ __forceinline__ Best<A> better(Best<A> x, Best<A> y) {
     if (xn != yn) return xn ? x : y;
     if (!xn && x.value != y.value) return x.value > y.value ? x : y;
     return x.at <= y.at ? x : y;
-}
-
-/// Sums `v` over the block; thread 0 gets the total.
-template <class A>
-__device__ __forceinline__ A block_sum(A v) {
-    __shared__ A partial[REDUCE_THREADS / 32];
-    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(FULL_MASK, v, offset);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < REDUCE_THREADS / 32 ? partial[lane] : (A)0;
-        for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(FULL_MASK, v, offset);
-    }
-    return v;
 }
 
 /// The block's best (value, position); thread 0 gets it.
@@ -103,7 +87,7 @@ __global__ void __launch_bounds__(REDUCE_THREADS)
             typedef typename SumAcc<T>::type A;
             A acc = (A)0;
             for (i64 j = threadIdx.x; j < r; j += blockDim.x) acc += (A)Num<T>::load(x[base + position(reduced, j)]);
-            acc = block_sum(acc);
+            acc = block_all(acc, SumOp());
             if (threadIdx.x == 0) {
                 if constexpr (IsFloat<T>::value) {
                     out[o] = Num<T>::store(acc);

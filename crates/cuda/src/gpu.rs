@@ -92,6 +92,17 @@ impl KernelArgs {
     pub fn f64(self, v: f64) -> Self {
         self.push_bytes(&v.to_ne_bytes())
     }
+    /// An array of doubles passed by value (a kernel parameter that is a struct of doubles).
+    pub fn f64s(self, values: &[f64]) -> Self {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        self.push_bytes(&bytes)
+    }
+    pub fn u64(self, v: u64) -> Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    pub fn i32(self, v: i32) -> Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
     pub fn strided(self, s: &Strided) -> Self {
         // SAFETY: Strided is repr(C) plain data without padding bytes (see its layout test).
         let bytes = unsafe {

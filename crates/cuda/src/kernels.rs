@@ -3,7 +3,7 @@
 //! `binary<__half, BinaryOp::Mul>`: NVRTC resolves the same text to the lowered symbol and the
 //! host emulator's registry takes its address, so both run exactly what a launcher asks for.
 
-use redline_tensor::{BinaryOp, DType, ReduceOp, UnaryOp};
+use redline_tensor::{BinaryOp, DType, NnOp, Op, ReduceOp, UnaryOp};
 
 /// The GPU architectures every kernel is compiled for: A100, RTX 3090, RTX 4090, H100/H200 and
 /// the RTX 5090 (the target).
@@ -17,10 +17,16 @@ pub struct Source {
 }
 
 /// Headers every family may include (by these names).
-pub const HEADERS: &[Source] = &[Source {
-    name: "common.cuh",
-    text: include_str!("../kernels/common.cuh"),
-}];
+pub const HEADERS: &[Source] = &[
+    Source {
+        name: "common.cuh",
+        text: include_str!("../kernels/common.cuh"),
+    },
+    Source {
+        name: "block.cuh",
+        text: include_str!("../kernels/block.cuh"),
+    },
+];
 
 /// The host emulation header and its stand-ins for NVIDIA's headers (host builds only).
 pub const EMULATION: &[Source] = &[
@@ -84,6 +90,34 @@ pub fn reduce(dtype: DType, op: ReduceOp) -> String {
     format!("reduce<{}, ReduceOp::{op:?}>", ctype(dtype))
 }
 
+pub fn softmax(dtype: DType, log: bool) -> String {
+    format!("softmax<{}, {log}>", ctype(dtype))
+}
+
+pub fn gather(dtype: DType) -> String {
+    format!("gather<{}>", ctype(dtype))
+}
+
+pub fn scatter_add(dtype: DType) -> String {
+    format!("scatter_add<{}>", ctype(dtype))
+}
+
+pub fn random_uniform(dtype: DType) -> String {
+    format!("random_uniform<{}>", ctype(dtype))
+}
+
+pub fn normalize_input(dtype: DType) -> String {
+    format!("normalize_input<{}>", ctype(dtype))
+}
+
+fn family(name: &'static str, text: &'static str, instantiations: Vec<String>) -> Family {
+    Family {
+        source: Source { name, text },
+        instantiations,
+        hot: true,
+    }
+}
+
 /// Every family with every instantiation the backend's declared matrix can launch.
 pub fn families() -> Vec<Family> {
     let floats = [DType::F64, DType::F32, DType::F16, DType::BF16];
@@ -107,22 +141,44 @@ pub fn families() -> Vec<Family> {
             .filter(|&&op| crate::matrix::reduce(op, d));
         reductions.extend(ops.map(|&op| reduce(d, op)));
     }
+    let floats_of = |f: fn(DType) -> String| floats.iter().map(|&d| f(d)).collect::<Vec<_>>();
+    let mut softmaxes = Vec::new();
+    for &d in &floats {
+        softmaxes.extend([softmax(d, false), softmax(d, true)]);
+    }
+    let mut indexing: Vec<String> = DType::ALL.into_iter().map(gather).collect();
+    indexing.extend(
+        DType::ALL
+            .into_iter()
+            .filter(|&d| crate::matrix::supports(Op::Nn(NnOp::ScatterAdd), d))
+            .map(scatter_add),
+    );
     vec![
-        Family {
-            source: Source {
-                name: "elementwise.cu",
-                text: include_str!("../kernels/elementwise.cu"),
-            },
-            instantiations: elementwise,
-            hot: true,
-        },
-        Family {
-            source: Source {
-                name: "reduce.cu",
-                text: include_str!("../kernels/reduce.cu"),
-            },
-            instantiations: reductions,
-            hot: true,
-        },
+        family(
+            "elementwise.cu",
+            include_str!("../kernels/elementwise.cu"),
+            elementwise,
+        ),
+        family(
+            "reduce.cu",
+            include_str!("../kernels/reduce.cu"),
+            reductions,
+        ),
+        family(
+            "softmax.cu",
+            include_str!("../kernels/softmax.cu"),
+            softmaxes,
+        ),
+        family("index.cu", include_str!("../kernels/index.cu"), indexing),
+        family(
+            "random.cu",
+            include_str!("../kernels/random.cu"),
+            floats_of(random_uniform),
+        ),
+        family(
+            "input.cu",
+            include_str!("../kernels/input.cu"),
+            floats_of(normalize_input),
+        ),
     ]
 }

@@ -226,24 +226,36 @@ impl Backend for CudaBackend {
         elementwise::convert(&*self.gpu, &self.operand(src)?, &self.output(dst, at)?)
     }
 
-    fn softmax(&self, x: View<'_>, _axis: usize, log: bool, _out: &Layout) -> Result<Storage> {
-        let op = if log { NnOp::LogSoftmax } else { NnOp::Softmax };
-        Err(self.undeclared(Op::Nn(op), x.dtype()))
+    fn softmax(&self, x: View<'_>, axis: usize, log: bool, out: &Layout) -> Result<Storage> {
+        let y = self.alloc_for(x.dtype(), out)?;
+        ops::nn::softmax(
+            &*self.gpu,
+            &self.operand(x)?,
+            axis,
+            log,
+            &self.output(&y, out)?,
+        )?;
+        Ok(y)
     }
 
-    fn gather(&self, x: View<'_>, _axis: usize, _index: View<'_>) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::Gather), x.dtype()))
+    fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage> {
+        let y = self.alloc(x.dtype(), index.layout.numel())?;
+        let (xo, io) = (self.operand(x)?, self.operand(index)?);
+        ops::nn::gather(&*self.gpu, &xo, axis, &io, self.buffer(&y)?.ptr)?;
+        Ok(y)
     }
 
     fn scatter_add(
         &self,
         dst: &Storage,
-        _dst_shape: &[usize],
-        _axis: usize,
-        _index: View<'_>,
-        _src: View<'_>,
+        dst_shape: &[usize],
+        axis: usize,
+        index: View<'_>,
+        src: View<'_>,
     ) -> Result<()> {
-        Err(self.undeclared(Op::Nn(NnOp::ScatterAdd), dst.dtype()))
+        let (io, so) = (self.operand(index)?, self.operand(src)?);
+        let ptr = self.buffer(dst)?.ptr;
+        ops::nn::scatter_add(&*self.gpu, ptr, dst.dtype(), dst_shape, axis, &io, &so)
     }
 
     fn conv2d(
@@ -303,25 +315,24 @@ impl Backend for CudaBackend {
         Err(self.undeclared(Op::Nn(NnOp::AvgPool2dGrad), g.dtype()))
     }
 
-    fn random_uniform(
-        &self,
-        dtype: DType,
-        _len: usize,
-        _seed: u64,
-        _offset: u64,
-    ) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::RandomUniform), dtype))
+    fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
+        let y = self.alloc(dtype, len)?;
+        ops::nn::random_uniform(&*self.gpu, dtype, self.buffer(&y)?.ptr, len, seed, offset)?;
+        Ok(y)
     }
 
     fn normalize_input(
         &self,
-        _x: View<'_>,
-        _mean: &[f64],
-        _std: &[f64],
+        x: View<'_>,
+        mean: &[f64],
+        std: &[f64],
         dtype: DType,
-        _out: &Layout,
+        out: &Layout,
     ) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::NormalizeInput), dtype))
+        let y = self.alloc_for(dtype, out)?;
+        let (xo, yo) = (self.operand(x)?, self.output(&y, out)?);
+        ops::nn::normalize_input(&*self.gpu, &xo, mean, std, &yo)?;
+        Ok(y)
     }
 
     fn batch_norm_stats(

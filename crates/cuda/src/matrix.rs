@@ -3,10 +3,11 @@
 //! summary prints the matrix, so what is missing is visible rather than silently slow.
 //!
 //! Declared: elementwise (unary on floats; binary, select, convert, copy_into, fill as the host
-//! backends declare them) and reductions. Not yet: matmul (cuBLASLt), convolutions (cuDNN),
-//! softmax, indexing, pooling, random numbers, the input op, batch norm and the optimizer ops.
+//! backends declare them), reductions, softmax, indexing (gather, scatter-add), random numbers and
+//! the input op. Not yet: matmul (cuBLASLt), convolutions (cuDNN), pooling, batch norm and the
+//! optimizer ops.
 
-use redline_tensor::{BinaryOp, DType, Op, OtherOp, ReduceOp};
+use redline_tensor::{BinaryOp, DType, NnOp, Op, OtherOp, ReduceOp};
 
 pub fn supports(op: Op, dtype: DType) -> bool {
     match op {
@@ -17,7 +18,15 @@ pub fn supports(op: Op, dtype: DType) -> bool {
             o,
             OtherOp::Select | OtherOp::Convert | OtherOp::CopyInto | OtherOp::Fill
         ),
-        Op::Nn(_) | Op::Optim(_) => false,
+        Op::Nn(n) => match n {
+            NnOp::Softmax | NnOp::LogSoftmax | NnOp::RandomUniform | NnOp::NormalizeInput => {
+                dtype.is_float()
+            }
+            NnOp::Gather => true,
+            NnOp::ScatterAdd => dtype != DType::U8,
+            _ => false,
+        },
+        Op::Optim(_) => false,
     }
 }
 
@@ -44,7 +53,11 @@ mod tests {
                         redline_tensor::reference::host_matrix(op, d),
                         "{op}/{d} declared but the reference cannot check it"
                     );
-                } else if matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Reduce(_)) {
+                } else if matches!(
+                    op,
+                    Op::Unary(_) | Op::Binary(_) | Op::Reduce(_) | Op::Other(_)
+                ) && op != Op::Other(OtherOp::Matmul)
+                {
                     assert!(!redline_tensor::reference::host_matrix(op, d), "{op}/{d}");
                 }
             }

@@ -215,3 +215,81 @@ fn a_storage_of_another_device_is_refused() {
     let b = Tensor::from_slice(&[1.0f32], &[1], &other).unwrap();
     assert!(a.add(&b).is_err());
 }
+
+#[test]
+fn softmax_rows_longer_than_a_block_and_along_inner_axes() {
+    for (shape, axis) in [
+        (vec![3usize, 700], 1usize),
+        (vec![4, 5, 6], 1),
+        (vec![300, 2], 0),
+    ] {
+        let n: usize = shape.iter().product();
+        for log in [false, true] {
+            same_as_reference(
+                &format!("softmax {shape:?} axis {axis} log {log}"),
+                1e-5,
+                |d| {
+                    let x = Tensor::from_slice(&ramp(n, 0.2), &shape, d).unwrap();
+                    if log {
+                        x.log_softmax(axis).unwrap()
+                    } else {
+                        x.softmax(axis).unwrap()
+                    }
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn random_numbers_are_the_reference_stream_bit_for_bit() {
+    let backend = CudaBackend::emulated().unwrap();
+    let reference = redline_tensor::reference::Reference::new();
+    use redline_tensor::Backend;
+    // An offset that is not a multiple of 4 and a length that is not either.
+    for (seed, offset, len) in [(0u64, 0u64, 9usize), (0x1234_5678_9abc, 7, 1031)] {
+        let got = backend
+            .random_uniform(DType::F32, len, seed, offset)
+            .unwrap();
+        let want = reference
+            .random_uniform(DType::F32, len, seed, offset)
+            .unwrap();
+        let layout = redline_tensor::Layout::contiguous(&[len]);
+        let view = |s| redline_tensor::View {
+            storage: s,
+            layout: &layout,
+        };
+        assert_eq!(
+            backend.download(view(&got)).unwrap(),
+            reference.download(view(&want)).unwrap(),
+            "seed {seed:#x} offset {offset}"
+        );
+    }
+}
+
+#[test]
+fn scatter_add_sums_repeated_indices_in_order() {
+    same_as_reference("scatter_add with repeats", 1e-6, |d| {
+        let dst = Tensor::zeros(&[3, 4], DType::F32, d).unwrap();
+        let index = Tensor::from_slice(&[0i64, 2, 2, 0, 1, 1, 1, 0], &[2, 4], d).unwrap();
+        let src = Tensor::from_slice(&ramp(8, 0.3), &[2, 4], d).unwrap();
+        dst.scatter_add(0, &index, &src).unwrap()
+    });
+}
+
+#[test]
+fn the_input_op_refuses_more_channels_than_it_takes() {
+    let backend = CudaBackend::emulated().unwrap();
+    use redline_tensor::Backend;
+    let x = backend.fill(DType::U8, 17, 0.0).unwrap();
+    let layout = redline_tensor::Layout::contiguous(&[1, 1, 1, 17]);
+    let view = redline_tensor::View {
+        storage: &x,
+        layout: &layout,
+    };
+    let out = redline_tensor::Layout::channels_last(&[1, 17, 1, 1]).unwrap();
+    let err = backend
+        .normalize_input(view, &[0.5; 17], &[0.2; 17], DType::F32, &out)
+        .unwrap_err();
+    assert!(err.to_string().contains("17 channels"), "{err}");
+}

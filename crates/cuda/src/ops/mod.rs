@@ -2,6 +2,7 @@
 //! An op's kernel lives in `kernels/<family>.cu`, beside this file's name.
 
 pub mod elementwise;
+pub mod nn;
 pub mod reduce;
 
 use crate::gpu::LaunchShape;

@@ -1,0 +1,148 @@
+//! Launchers of the neural-network families without a library behind them: `softmax.cu`,
+//! `index.cu` (gather, scatter-add), `random.cu` and `input.cu`.
+
+use redline_tensor::{DType, Layout, Result, TensorError};
+
+use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Strided};
+use crate::kernels;
+use crate::ops::elementwise::Operand;
+use crate::ops::linear_shape;
+
+/// Threads per softmax block (`SOFTMAX_THREADS` in `kernels/softmax.cu`).
+const SOFTMAX_THREADS: u32 = 256;
+
+/// Channels the input op takes (`INPUT_MAX_CHANNELS` in `kernels/input.cu`).
+const INPUT_MAX_CHANNELS: usize = 16;
+
+fn strided(gpu: &dyn Gpu, layout: &Layout, what: &str) -> Result<Strided> {
+    Strided::new(layout, &gpu.name(), what)
+}
+
+/// (Log-)softmax of `x` along `axis` into `out` (x's shape): a block per row.
+pub fn softmax(gpu: &dyn Gpu, x: &Operand, axis: usize, log: bool, out: &Operand) -> Result<()> {
+    let shape = x.layout.shape();
+    let n = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let rows = shape[..axis].iter().product::<usize>() * inner;
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let what = if log { "log_softmax" } else { "softmax" };
+    let args = KernelArgs::new()
+        .ptr(x.ptr)
+        .strided(&strided(gpu, x.layout, what)?)
+        .ptr(out.ptr)
+        .strided(&strided(gpu, out.layout, what)?)
+        .i64(rows as i64)
+        .i64(n as i64)
+        .i64(inner as i64);
+    let blocks = rows.min(1 << 16) as u32;
+    let shape = LaunchShape::linear(blocks, SOFTMAX_THREADS);
+    gpu.launch(&kernels::softmax(x.dtype, log), shape, &args)
+}
+
+/// `out` (contiguous, index's shape) = x gathered along `axis` by `index` (i64).
+pub fn gather(
+    gpu: &dyn Gpu,
+    x: &Operand,
+    axis: usize,
+    index: &Operand,
+    out: DevicePtr,
+) -> Result<()> {
+    let n = index.layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let args = KernelArgs::new()
+        .ptr(x.ptr)
+        .strided(&strided(gpu, x.layout, "gather")?)
+        .ptr(index.ptr)
+        .strided(&strided(gpu, index.layout, "gather")?)
+        .ptr(out)
+        .i64(n as i64)
+        .i32(axis as i32)
+        .i64(x.layout.shape()[axis] as i64);
+    gpu.launch(&kernels::gather(x.dtype), linear_shape(n), &args)
+}
+
+/// `dst[.., index[p], ..] += src[p]` along `axis`; dst is a whole contiguous `dst_shape`.
+pub fn scatter_add(
+    gpu: &dyn Gpu,
+    dst: DevicePtr,
+    dtype: DType,
+    dst_shape: &[usize],
+    axis: usize,
+    index: &Operand,
+    src: &Operand,
+) -> Result<()> {
+    let n: usize = dst_shape.iter().product();
+    if n == 0 || index.layout.numel() == 0 {
+        return Ok(());
+    }
+    let dst_layout = Layout::contiguous(dst_shape);
+    let args = KernelArgs::new()
+        .ptr(dst)
+        .strided(&strided(gpu, &dst_layout, "scatter_add")?)
+        .ptr(index.ptr)
+        .strided(&strided(gpu, index.layout, "scatter_add")?)
+        .ptr(src.ptr)
+        .strided(&strided(gpu, src.layout, "scatter_add")?)
+        .i64(n as i64)
+        .i32(axis as i32);
+    gpu.launch(&kernels::scatter_add(dtype), linear_shape(n), &args)
+}
+
+/// `len` uniform numbers of the Philox stream of `seed` from element `offset`.
+pub fn random_uniform(
+    gpu: &dyn Gpu,
+    dtype: DType,
+    out: DevicePtr,
+    len: usize,
+    seed: u64,
+    offset: u64,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let args = KernelArgs::new()
+        .ptr(out)
+        .i64(len as i64)
+        .u64(seed)
+        .u64(offset);
+    gpu.launch(&kernels::random_uniform(dtype), linear_shape(len), &args)
+}
+
+/// u8 NHWC `x` → `(x / 255 − mean) / std` in `out` (logically NCHW, out's dtype and layout).
+pub fn normalize_input(
+    gpu: &dyn Gpu,
+    x: &Operand,
+    mean: &[f64],
+    std: &[f64],
+    out: &Operand,
+) -> Result<()> {
+    let channels = mean.len();
+    if channels > INPUT_MAX_CHANNELS || std.len() != channels {
+        return Err(TensorError::Backend {
+            device: gpu.name(),
+            what: format!(
+                "normalize_input: {channels} channels (mean) and {} (std); the CUDA input op takes equal counts up to {INPUT_MAX_CHANNELS}",
+                std.len()
+            ),
+        });
+    }
+    let n = out.layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let mut norm = [1.0f64; 2 * INPUT_MAX_CHANNELS];
+    norm[..channels].copy_from_slice(mean);
+    norm[INPUT_MAX_CHANNELS..INPUT_MAX_CHANNELS + channels].copy_from_slice(std);
+    let args = KernelArgs::new()
+        .ptr(x.ptr)
+        .strided(&strided(gpu, x.layout, "normalize_input")?)
+        .ptr(out.ptr)
+        .strided(&strided(gpu, out.layout, "normalize_input")?)
+        .i64(n as i64)
+        .f64s(&norm);
+    gpu.launch(&kernels::normalize_input(out.dtype), linear_shape(n), &args)
+}
