@@ -398,6 +398,7 @@ inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b)
 using std::erf;
 using std::exp;
 using std::fabs;
+using std::fma;
 using std::fmax;
 using std::fmin;
 using std::isinf;

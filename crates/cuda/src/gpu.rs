@@ -73,6 +73,11 @@ impl KernelArgs {
         Self::default()
     }
 
+    /// A parameter given as its bytes (a struct passed by value).
+    pub fn bytes(self, bytes: &[u8]) -> Self {
+        self.push_bytes(bytes)
+    }
+
     fn push_bytes(mut self, bytes: &[u8]) -> Self {
         let mut words = vec![0u64; bytes.len().div_ceil(8).max(1)];
         // SAFETY: `words` spans at least `bytes.len()` bytes.

@@ -110,6 +110,30 @@ pub fn normalize_input(dtype: DType) -> String {
     format!("normalize_input<{}>", ctype(dtype))
 }
 
+pub fn batch_norm_stats(dtype: DType, with_y: bool, gate: bool) -> String {
+    format!("batch_norm_stats<{}, {with_y}, {gate}>", ctype(dtype))
+}
+
+pub fn batch_norm_apply(dtype: DType, with_y: bool, relu: bool, gate: bool) -> String {
+    format!(
+        "batch_norm_apply<{}, {with_y}, {relu}, {gate}>",
+        ctype(dtype)
+    )
+}
+
+/// Pooling kernels: `max_pool2d`, `max_pool2d_grad`, `avg_pool2d`, `avg_pool2d_grad`.
+pub fn pool(kernel: &str, dtype: DType) -> String {
+    format!("{kernel}<{}>", ctype(dtype))
+}
+
+/// The pooling kernels' names (also the ops' names).
+pub const POOL_KERNELS: [&str; 4] = [
+    "max_pool2d",
+    "max_pool2d_grad",
+    "avg_pool2d",
+    "avg_pool2d_grad",
+];
+
 fn family(name: &'static str, text: &'static str, instantiations: Vec<String>) -> Family {
     Family {
         source: Source { name, text },
@@ -153,6 +177,19 @@ pub fn families() -> Vec<Family> {
             .filter(|&d| crate::matrix::supports(Op::Nn(NnOp::ScatterAdd), d))
             .map(scatter_add),
     );
+    let mut norms = Vec::new();
+    for &d in &floats {
+        for (with_y, gate) in [(false, false), (true, false), (true, true)] {
+            norms.push(batch_norm_stats(d, with_y, gate));
+            for relu in [false, true] {
+                norms.push(batch_norm_apply(d, with_y, relu, gate));
+            }
+        }
+    }
+    let pools: Vec<String> = floats
+        .iter()
+        .flat_map(|&d| POOL_KERNELS.iter().map(move |k| pool(k, d)))
+        .collect();
     vec![
         family(
             "elementwise.cu",
@@ -180,5 +217,7 @@ pub fn families() -> Vec<Family> {
             include_str!("../kernels/input.cu"),
             floats_of(normalize_input),
         ),
+        family("norm.cu", include_str!("../kernels/norm.cu"), norms),
+        family("pool.cu", include_str!("../kernels/pool.cu"), pools),
     ]
 }

@@ -29,8 +29,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, DType, HostBytes, Layout, NnOp, Op, OtherOp,
-    Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage, TensorError, UnaryOp, View,
+    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, DType, HostBytes, Layout, NnOp, Op,
+    OtherOp, Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage, TensorError,
+    UnaryOp, View,
 };
 
 pub use emulator::Emulator;
@@ -101,6 +102,12 @@ impl CudaBackend {
             dtype: v.dtype(),
             layout: v.layout,
         })
+    }
+
+    /// Where a contiguous view's first element is (coefficients, gates: small dense operands).
+    fn start(&self, v: View<'_>) -> Result<DevicePtr> {
+        let buffer = self.buffer(v.storage)?;
+        Ok(buffer.ptr.offset(v.layout.offset() * v.dtype().size()))
     }
 
     fn output<'a>(&self, s: &Storage, layout: &'a Layout) -> Result<Operand<'a>> {
@@ -291,28 +298,44 @@ impl Backend for CudaBackend {
     fn max_pool2d(
         &self,
         x: View<'_>,
-        _p: &Pool2dParams,
-        _out: &Layout,
+        p: &Pool2dParams,
+        out: &Layout,
     ) -> Result<(Storage, Storage)> {
-        Err(self.undeclared(Op::Nn(NnOp::MaxPool2d), x.dtype()))
+        let y = self.alloc_for(x.dtype(), out)?;
+        let positions = self.alloc(DType::I64, out.numel())?;
+        let (xo, yo) = (self.operand(x)?, self.output(&y, out)?);
+        ops::pool::max_pool2d(&*self.gpu, &xo, p, &yo, self.buffer(&positions)?.ptr)?;
+        Ok((y, positions))
     }
 
     fn max_pool2d_grad(
         &self,
         g: View<'_>,
-        _positions: View<'_>,
-        _p: &Pool2dParams,
-        _out: &Layout,
+        positions: View<'_>,
+        p: &Pool2dParams,
+        out: &Layout,
     ) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::MaxPool2dGrad), g.dtype()))
+        let y = self.alloc_for(g.dtype(), out)?;
+        let (go, po, yo) = (
+            self.operand(g)?,
+            self.operand(positions)?,
+            self.output(&y, out)?,
+        );
+        ops::pool::pool_grad(&*self.gpu, g.dtype(), &go, Some(&po), p, &yo)?;
+        Ok(y)
     }
 
-    fn avg_pool2d(&self, x: View<'_>, _p: &Pool2dParams, _out: &Layout) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::AvgPool2d), x.dtype()))
+    fn avg_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        let y = self.alloc_for(x.dtype(), out)?;
+        ops::pool::avg_pool2d(&*self.gpu, &self.operand(x)?, p, &self.output(&y, out)?)?;
+        Ok(y)
     }
 
-    fn avg_pool2d_grad(&self, g: View<'_>, _p: &Pool2dParams, _out: &Layout) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::AvgPool2dGrad), g.dtype()))
+    fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        let y = self.alloc_for(g.dtype(), out)?;
+        let (go, yo) = (self.operand(g)?, self.output(&y, out)?);
+        ops::pool::pool_grad(&*self.gpu, g.dtype(), &go, None, p, &yo)?;
+        Ok(y)
     }
 
     fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
@@ -338,22 +361,38 @@ impl Backend for CudaBackend {
     fn batch_norm_stats(
         &self,
         x: View<'_>,
-        _y: Option<View<'_>>,
-        _gate: Option<View<'_>>,
+        y: Option<View<'_>>,
+        gate: Option<View<'_>>,
     ) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::BatchNormStats), x.dtype()))
+        let c = x.layout.shape()[1];
+        let out = self.alloc(stats_dtype(x.dtype()), 2 * c)?;
+        let yo = y.map(|v| self.operand(v)).transpose()?;
+        let gate = gate
+            .map(|g| self.buffer(g.storage).map(|b| b.ptr))
+            .transpose()?;
+        let ptr = self.buffer(&out)?.ptr;
+        ops::norm::stats(&*self.gpu, &self.operand(x)?, yo.as_ref(), gate, ptr)?;
+        Ok(out)
     }
 
     fn batch_norm_apply(
         &self,
         x: View<'_>,
-        _y: Option<View<'_>>,
-        _coef: View<'_>,
-        _relu: bool,
-        _gate: Option<View<'_>>,
-        _out: &Layout,
+        y: Option<View<'_>>,
+        coef: View<'_>,
+        relu: bool,
+        gate: Option<View<'_>>,
+        out: &Layout,
     ) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::BatchNormApply), x.dtype()))
+        let z = self.alloc_for(x.dtype(), out)?;
+        let yo = y.map(|v| self.operand(v)).transpose()?;
+        let gate = gate
+            .map(|g| self.buffer(g.storage).map(|b| b.ptr))
+            .transpose()?;
+        let coef = self.start(coef)?;
+        let (xo, zo) = (self.operand(x)?, self.output(&z, out)?);
+        ops::norm::apply(&*self.gpu, &xo, yo.as_ref(), coef, relu, gate, &zo)?;
+        Ok(z)
     }
 
     fn sgd(

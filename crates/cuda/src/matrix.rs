@@ -3,9 +3,9 @@
 //! summary prints the matrix, so what is missing is visible rather than silently slow.
 //!
 //! Declared: elementwise (unary on floats; binary, select, convert, copy_into, fill as the host
-//! backends declare them), reductions, softmax, indexing (gather, scatter-add), random numbers and
-//! the input op. Not yet: matmul (cuBLASLt), convolutions (cuDNN), pooling, batch norm and the
-//! optimizer ops.
+//! backends declare them), reductions, softmax, indexing (gather, scatter-add), random numbers,
+//! the input op, batch norm and pooling. Not yet: matmul (cuBLASLt), convolutions (cuDNN) and
+//! the optimizer ops.
 
 use redline_tensor::{BinaryOp, DType, NnOp, Op, OtherOp, ReduceOp};
 
@@ -19,9 +19,16 @@ pub fn supports(op: Op, dtype: DType) -> bool {
             OtherOp::Select | OtherOp::Convert | OtherOp::CopyInto | OtherOp::Fill
         ),
         Op::Nn(n) => match n {
-            NnOp::Softmax | NnOp::LogSoftmax | NnOp::RandomUniform | NnOp::NormalizeInput => {
-                dtype.is_float()
-            }
+            NnOp::Softmax
+            | NnOp::LogSoftmax
+            | NnOp::RandomUniform
+            | NnOp::NormalizeInput
+            | NnOp::BatchNormStats
+            | NnOp::BatchNormApply
+            | NnOp::MaxPool2d
+            | NnOp::MaxPool2dGrad
+            | NnOp::AvgPool2d
+            | NnOp::AvgPool2dGrad => dtype.is_float(),
             NnOp::Gather => true,
             NnOp::ScatterAdd => dtype != DType::U8,
             _ => false,

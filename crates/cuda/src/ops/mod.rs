@@ -3,6 +3,8 @@
 
 pub mod elementwise;
 pub mod nn;
+pub mod norm;
+pub mod pool;
 pub mod reduce;
 
 use crate::gpu::LaunchShape;

@@ -1,0 +1,99 @@
+//! Launchers of `kernels/pool.cu`: max and average pooling and their gradients.
+
+use redline_tensor::{DType, Pool2dParams, Result};
+
+use crate::gpu::{DevicePtr, Gpu, KernelArgs, Strided};
+use crate::kernels;
+use crate::ops::elementwise::Operand;
+use crate::ops::linear_shape;
+
+/// The kernels' `PoolGeometry`: kernel, stride and padding as six i64.
+fn geometry(args: KernelArgs, p: &Pool2dParams) -> KernelArgs {
+    let [kh, kw] = p.kernel;
+    let [sh, sw] = p.stride;
+    let [ph, pw] = p.padding;
+    let words: Vec<u8> = [kh, kw, sh, sw, ph, pw]
+        .iter()
+        .flat_map(|&v| (v as i64).to_ne_bytes())
+        .collect();
+    args.bytes(&words)
+}
+
+fn strided(gpu: &dyn Gpu, o: &Operand, what: &str) -> Result<Strided> {
+    Strided::new(o.layout, &gpu.name(), what)
+}
+
+/// Max pooling of `x` into `out`, the first maximum's flat in-plane position into `positions`
+/// (contiguous i64, out's shape).
+pub fn max_pool2d(
+    gpu: &dyn Gpu,
+    x: &Operand,
+    p: &Pool2dParams,
+    out: &Operand,
+    positions: DevicePtr,
+) -> Result<()> {
+    let n = out.layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let args = KernelArgs::new()
+        .ptr(x.ptr)
+        .strided(&strided(gpu, x, "max_pool2d")?)
+        .ptr(out.ptr)
+        .strided(&strided(gpu, out, "max_pool2d")?)
+        .ptr(positions)
+        .i64(n as i64);
+    let kernel = kernels::pool("max_pool2d", x.dtype);
+    gpu.launch(&kernel, linear_shape(n), &geometry(args, p))
+}
+
+/// Average pooling of `x` into `out`.
+pub fn avg_pool2d(gpu: &dyn Gpu, x: &Operand, p: &Pool2dParams, out: &Operand) -> Result<()> {
+    let n = out.layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let args = KernelArgs::new()
+        .ptr(x.ptr)
+        .strided(&strided(gpu, x, "avg_pool2d")?)
+        .ptr(out.ptr)
+        .strided(&strided(gpu, out, "avg_pool2d")?)
+        .i64(n as i64);
+    let kernel = kernels::pool("avg_pool2d", x.dtype);
+    gpu.launch(&kernel, linear_shape(n), &geometry(args, p))
+}
+
+/// The input gradient of a pooling (`positions` for max pooling), written into `out`.
+pub fn pool_grad(
+    gpu: &dyn Gpu,
+    dtype: DType,
+    g: &Operand,
+    positions: Option<&Operand>,
+    p: &Pool2dParams,
+    out: &Operand,
+) -> Result<()> {
+    let n = out.layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let what = if positions.is_some() {
+        "max_pool2d_grad"
+    } else {
+        "avg_pool2d_grad"
+    };
+    let mut args = KernelArgs::new()
+        .ptr(g.ptr)
+        .strided(&strided(gpu, g, what)?);
+    if let Some(at) = positions {
+        args = args.ptr(at.ptr).strided(&strided(gpu, at, what)?);
+    }
+    let args = args
+        .ptr(out.ptr)
+        .strided(&strided(gpu, out, what)?)
+        .i64(n as i64);
+    gpu.launch(
+        &kernels::pool(what, dtype),
+        linear_shape(n),
+        &geometry(args, p),
+    )
+}
