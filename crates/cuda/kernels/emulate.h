@@ -272,6 +272,36 @@ void invoke(void (*f)(P...), void **args) {
     call_with(f, args, std::index_sequence_for<P...>{});
 }
 
+/// A kernel's parameter sizes, so a launch whose packed parameters do not match is refused with a
+/// message instead of reading garbage (which a GPU would do silently).
+struct Signature {
+    unsigned count;
+    unsigned sizes[32];
+};
+
+template <class... P>
+Signature signature_of(void (*)(P...)) {
+    static_assert(sizeof...(P) <= 32, "at most 32 kernel parameters");
+    return Signature{sizeof...(P), {(unsigned)sizeof(P)...}};
+}
+
+template <auto F>
+Signature signature() {
+    return signature_of(F);
+}
+
+/// "" when `sizes` (from the launcher) match the kernel's parameters, else what differs.
+inline std::string check_signature(const Signature &s, const unsigned long *sizes, unsigned count) {
+    bool same = count == s.count;
+    for (unsigned i = 0; same && i < count; i++) same = sizes[i] == s.sizes[i];
+    if (same) return "";
+    std::string msg = "the kernel takes " + std::to_string(s.count) + " parameters (";
+    for (unsigned i = 0; i < s.count; i++) msg += (i ? ", " : "") + std::to_string(s.sizes[i]);
+    msg += " bytes) but the launch packed " + std::to_string(count) + " (";
+    for (unsigned i = 0; i < count; i++) msg += (i ? ", " : "") + std::to_string(sizes[i]);
+    return msg + " bytes)";
+}
+
 /// The launchable form of kernel `F`: what the registry maps its name expression to.
 template <auto F>
 void trampoline(void **args) {
@@ -401,6 +431,7 @@ using std::fabs;
 using std::fma;
 using std::fmax;
 using std::fmin;
+using std::isfinite;
 using std::isinf;
 using std::isnan;
 using std::log;

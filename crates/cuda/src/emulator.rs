@@ -35,6 +35,8 @@ type LaunchFn = unsafe extern "C" fn(
     *const c_uint,
     *const c_uint,
     *mut *mut c_void,
+    *const c_ulong,
+    c_uint,
     c_int,
     *mut c_char,
     c_ulong,
@@ -120,22 +122,28 @@ fn registry(families: &[Family]) -> String {
         let _ = writeln!(out, "#include \"{}\"", family.source.name);
     }
     out.push_str(
-        "\nstruct RedlineEntry { const char *name; void (*run)(void **); };\n\
+        "\nstruct RedlineEntry { const char *name; void (*run)(void **); redline_emu::Signature signature; };\n\
          static const RedlineEntry redline_entries[] = {\n",
     );
     for family in families {
         for expr in &family.instantiations {
-            let _ = writeln!(out, "    {{\"{expr}\", redline_emu::trampoline<&{expr}>}},");
+            let _ = writeln!(out, "    {{\"{expr}\", redline_emu::trampoline<&{expr}>, redline_emu::signature<&{expr}>()}},");
         }
     }
     out.push_str(
         r#"};
 
 extern "C" int redline_emu_launch(const char *name, const unsigned *grid, const unsigned *block,
-                                  void **args, int reverse, char *error, unsigned long error_len) {
+                                  void **args, const unsigned long *sizes, unsigned count, int reverse,
+                                  char *error, unsigned long error_len) {
     for (const RedlineEntry &e : redline_entries) {
         if (std::strcmp(e.name, name) != 0) continue;
-        std::string why = redline_emu::launch(e.run, dim3(grid[0], grid[1], grid[2]),
+        std::string why = redline_emu::check_signature(e.signature, sizes, count);
+        if (!why.empty()) {
+            std::snprintf(error, error_len, "%s", why.c_str());
+            return 3;
+        }
+        why = redline_emu::launch(e.run, dim3(grid[0], grid[1], grid[2]),
                                               dim3(block[0], block[1], block[2]), args, reverse != 0);
         std::snprintf(error, error_len, "%s", why.c_str());
         return why.empty() ? 0 : 1;
@@ -332,16 +340,19 @@ impl Gpu for Emulator {
         let _serial = self.launching.lock().unwrap_or_else(|p| p.into_inner());
         let reverse = self.launches.fetch_add(1, Ordering::Relaxed) % 2;
         let mut pointers = args.pointers();
+        let sizes: Vec<c_ulong> = args.sizes().iter().map(|&n| n as c_ulong).collect();
         let mut message = vec![0u8; 1024];
-        // SAFETY: the registry's launcher reads `pointers` as the kernel's parameters, which the
-        // launchers in `ops/` pack in the kernel's parameter order and types; device pointers
-        // among them point into live allocations of this emulator.
+        // SAFETY: the registry's launcher checks the parameters' count and sizes against the
+        // kernel's signature before reading `pointers` as its parameters; device pointers among
+        // them point into live allocations of this emulator.
         let status = unsafe {
             (self.launch)(
                 name.as_ptr(),
                 shape.grid.as_ptr(),
                 shape.block.as_ptr(),
                 pointers.as_mut_ptr(),
+                sizes.as_ptr(),
+                sizes.len() as c_uint,
                 reverse as c_int,
                 message.as_mut_ptr().cast(),
                 message.len() as c_ulong,

@@ -66,6 +66,8 @@ pub trait Gpu: Send + Sync + fmt::Debug {
 #[derive(Debug, Default, Clone)]
 pub struct KernelArgs {
     values: Vec<Vec<u64>>,
+    /// Each parameter's size in bytes (the emulator checks them against the kernel's).
+    sizes: Vec<usize>,
 }
 
 impl KernelArgs {
@@ -85,6 +87,7 @@ impl KernelArgs {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast(), bytes.len())
         };
         self.values.push(words);
+        self.sizes.push(bytes.len());
         self
     }
 
@@ -114,6 +117,11 @@ impl KernelArgs {
             std::slice::from_raw_parts((s as *const Strided).cast::<u8>(), size_of::<Strided>())
         };
         self.push_bytes(bytes)
+    }
+
+    /// Each parameter's size in bytes, in order.
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes
     }
 
     /// The `void**` array a launch takes; valid while `self` is.

@@ -134,6 +134,16 @@ pub const POOL_KERNELS: [&str; 4] = [
     "avg_pool2d_grad",
 ];
 
+/// Optimizer kernels templated on the parameters' dtype: `sgd`, `adamw`, `unscale_check`.
+pub fn optim(kernel: &str, dtype: DType) -> String {
+    format!("{kernel}<{}>", ctype(dtype))
+}
+
+/// The code of `dtype` in `kernels/optim.cu` (`DTypeCode`: declaration order).
+pub fn dtype_code(dtype: DType) -> i32 {
+    DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0) as i32
+}
+
 fn family(name: &'static str, text: &'static str, instantiations: Vec<String>) -> Family {
     Family {
         source: Source { name, text },
@@ -190,6 +200,11 @@ pub fn families() -> Vec<Family> {
         .iter()
         .flat_map(|&d| POOL_KERNELS.iter().map(move |k| pool(k, d)))
         .collect();
+    let mut optimizers: Vec<String> = floats
+        .iter()
+        .flat_map(|&d| ["sgd", "adamw", "unscale_check"].map(|k| optim(k, d)))
+        .collect();
+    optimizers.extend(["adamw_step".to_string(), "scaler_update".to_string()]);
     vec![
         family(
             "elementwise.cu",
@@ -219,5 +234,6 @@ pub fn families() -> Vec<Family> {
         ),
         family("norm.cu", include_str!("../kernels/norm.cu"), norms),
         family("pool.cu", include_str!("../kernels/pool.cu"), pools),
+        family("optim.cu", include_str!("../kernels/optim.cu"), optimizers),
     ]
 }

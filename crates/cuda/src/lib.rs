@@ -118,6 +118,37 @@ impl CudaBackend {
         })
     }
 
+    /// The multi-tensor ops' slots: tensor i's storages from each list (param, grad, states).
+    fn slots(&self, lists: &[&[&Storage]]) -> Result<Vec<ops::optim::Slot>> {
+        let count = lists.first().map_or(0, |l| l.len());
+        (0..count)
+            .map(|i| {
+                let mut ptrs = [DevicePtr(0); 4];
+                for (k, list) in lists.iter().enumerate() {
+                    let storage = list.get(i).ok_or_else(|| {
+                        TensorError::Shape(format!(
+                            "an optimizer op got {count} parameters but {} of a state",
+                            list.len()
+                        ))
+                    })?;
+                    ptrs[k] = self.buffer(storage)?.ptr;
+                }
+                Ok(ops::optim::Slot {
+                    ptrs,
+                    len: lists[0][i].len(),
+                })
+            })
+            .collect()
+    }
+
+    /// A one-element storage for the optimizer kernels.
+    fn scalar(&self, s: &Storage) -> Result<ops::optim::Scalar> {
+        Ok(ops::optim::Scalar {
+            ptr: self.buffer(s)?.ptr,
+            dtype: s.dtype(),
+        })
+    }
+
     /// The error for a family this backend does not run yet (the front end refuses undeclared
     /// pairs before they get here; this answers a direct call).
     fn undeclared(&self, op: Op, dtype: DType) -> TensorError {
@@ -398,49 +429,61 @@ impl Backend for CudaBackend {
     fn sgd(
         &self,
         params: &[&Storage],
-        _grads: &[&Storage],
-        _momentum: &[&Storage],
-        _p: &SgdParams,
-        _found_inf: Option<&Storage>,
+        grads: &[&Storage],
+        momentum: &[&Storage],
+        p: &SgdParams,
+        found_inf: Option<&Storage>,
     ) -> Result<()> {
-        Err(self.undeclared(Op::Optim(redline_tensor::OptimOp::Sgd), first_dtype(params)))
+        let states: &[&[&Storage]] = if p.momentum != 0.0 {
+            &[params, grads, momentum]
+        } else {
+            &[params, grads]
+        };
+        let slots = self.slots(states)?;
+        let found = found_inf.map(|f| self.scalar(f)).transpose()?;
+        ops::optim::sgd(&*self.gpu, first_dtype(params), &slots, p, found)
     }
 
     fn adamw(
         &self,
         params: &[&Storage],
-        _grads: &[&Storage],
-        _exp_avg: &[&Storage],
-        _exp_avg_sq: &[&Storage],
-        _step: &Storage,
-        _p: &AdamWParams,
-        _found_inf: Option<&Storage>,
+        grads: &[&Storage],
+        exp_avg: &[&Storage],
+        exp_avg_sq: &[&Storage],
+        step: &Storage,
+        p: &AdamWParams,
+        found_inf: Option<&Storage>,
     ) -> Result<()> {
-        Err(self.undeclared(
-            Op::Optim(redline_tensor::OptimOp::AdamW),
-            first_dtype(params),
-        ))
+        let slots = self.slots(&[params, grads, exp_avg, exp_avg_sq])?;
+        let found = found_inf.map(|f| self.scalar(f)).transpose()?;
+        let step = self.scalar(step)?;
+        ops::optim::adamw(&*self.gpu, first_dtype(params), &slots, step, p, found)
     }
 
     fn unscale_check(
         &self,
         grads: &[&Storage],
-        _inv_scale: &Storage,
-        _found_inf: &Storage,
+        inv_scale: &Storage,
+        found_inf: &Storage,
     ) -> Result<()> {
-        let op = Op::Optim(redline_tensor::OptimOp::UnscaleCheck);
-        Err(self.undeclared(op, first_dtype(grads)))
+        let slots = self.slots(&[grads])?;
+        let (inv, found) = (self.scalar(inv_scale)?, self.scalar(found_inf)?);
+        ops::optim::unscale_check(&*self.gpu, first_dtype(grads), &slots, inv, found)
     }
 
     fn scaler_update(
         &self,
         scale: &Storage,
-        _growth_tracker: &Storage,
-        _found_inf: &Storage,
-        _p: &ScalerParams,
+        growth_tracker: &Storage,
+        found_inf: &Storage,
+        p: &ScalerParams,
     ) -> Result<()> {
-        let op = Op::Optim(redline_tensor::OptimOp::ScalerUpdate);
-        Err(self.undeclared(op, scale.dtype()))
+        let (s, t, f) = (
+            self.scalar(scale)?,
+            self.scalar(growth_tracker)?,
+            self.scalar(found_inf)?,
+        );
+        ops::optim::scaler_update(&*self.gpu, s, t, f, p)
     }
 }
 

@@ -4,8 +4,8 @@
 //!
 //! Declared: elementwise (unary on floats; binary, select, convert, copy_into, fill as the host
 //! backends declare them), reductions, softmax, indexing (gather, scatter-add), random numbers,
-//! the input op, batch norm and pooling. Not yet: matmul (cuBLASLt), convolutions (cuDNN) and
-//! the optimizer ops.
+//! the input op, batch norm, pooling and the optimizer ops. Not yet: matmul (cuBLASLt) and
+//! convolutions (cuDNN).
 
 use redline_tensor::{BinaryOp, DType, NnOp, Op, OtherOp, ReduceOp};
 
@@ -33,7 +33,7 @@ pub fn supports(op: Op, dtype: DType) -> bool {
             NnOp::ScatterAdd => dtype != DType::U8,
             _ => false,
         },
-        Op::Optim(_) => false,
+        Op::Optim(_) => dtype.is_float(),
     }
 }
 

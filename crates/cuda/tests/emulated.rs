@@ -293,3 +293,26 @@ fn the_input_op_refuses_more_channels_than_it_takes() {
         .unwrap_err();
     assert!(err.to_string().contains("17 channels"), "{err}");
 }
+
+#[test]
+fn parameters_that_do_not_match_the_kernel_are_refused_before_it_runs() {
+    let backend = CudaBackend::emulated().unwrap();
+    let gpu = backend.gpu();
+    let out = gpu.alloc(4 * 4).unwrap();
+    // fill<float>(T *out, i64 n, double value): three parameters of 8 bytes; here n is 4 bytes.
+    let args = KernelArgs::new().ptr(out).i32(4).f64(1.0);
+    let err = gpu
+        .launch("fill<float>", LaunchShape::linear(1, 32), &args)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("takes 3 parameters (8, 8, 8 bytes) but the launch packed 3 (8, 4, 8 bytes)"),
+        "{err}"
+    );
+    let args = KernelArgs::new().ptr(out).i64(4);
+    let err = gpu
+        .launch("fill<float>", LaunchShape::linear(1, 32), &args)
+        .unwrap_err();
+    assert!(err.to_string().contains("packed 2"), "{err}");
+    gpu.free(out);
+}

@@ -4,6 +4,7 @@
 pub mod elementwise;
 pub mod nn;
 pub mod norm;
+pub mod optim;
 pub mod pool;
 pub mod reduce;
 

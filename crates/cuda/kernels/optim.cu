@@ -1,0 +1,151 @@
+// Multi-tensor optimizer and mixed-precision ops. Each launch takes up to LIST_MAX tensors'
+// pointers by value (PyTorch's multi_tensor_apply approach: no pointer table to upload, so a
+// captured graph replays them as they are); block row y walks tensor y. They read the
+// device-side found-inf flag and skip the step on overflow: a training step never waits for
+// the host. One-element scalars (found-inf, step, scale, growth tracker) may be of any dtype:
+// read and written through `load_scalar` / `store_scalar` by the dtype's code.
+#include "common.cuh"
+
+#define LIST_MAX 32
+
+/// Up to four lists of tensors (param, grad, and two states), `count` of them, `n[i]` elements.
+struct TensorList {
+    u64 ptr[4][LIST_MAX];
+    i64 n[LIST_MAX];
+};
+
+/// redline_tensor::DType in declaration order.
+enum DTypeCode { CODE_F64, CODE_F32, CODE_F16, CODE_BF16, CODE_U8, CODE_I32, CODE_I64 };
+
+__device__ __forceinline__ double load_scalar(const void *p, i32 code) {
+    switch (code) {
+    case CODE_F64: return *(const double *)p;
+    case CODE_F32: return (double)*(const float *)p;
+    case CODE_F16: return (double)__half2float(*(const __half *)p);
+    case CODE_BF16: return (double)__bfloat162float(*(const __nv_bfloat16 *)p);
+    case CODE_U8: return (double)*(const u8 *)p;
+    case CODE_I32: return (double)*(const i32 *)p;
+    default: return (double)*(const i64 *)p;
+    }
+}
+
+__device__ __forceinline__ void store_scalar(void *p, i32 code, double v) {
+    switch (code) {
+    case CODE_F64: *(double *)p = v; break;
+    case CODE_F32: *(float *)p = From<float>::f(v); break;
+    case CODE_F16: *(__half *)p = From<__half>::f(v); break;
+    case CODE_BF16: *(__nv_bfloat16 *)p = From<__nv_bfloat16>::f(v); break;
+    case CODE_U8: *(u8 *)p = From<u8>::f(v); break;
+    case CODE_I32: *(i32 *)p = From<i32>::f(v); break;
+    default: *(i64 *)p = From<i64>::f(v); break;
+    }
+}
+
+/// A flag pointer (null: no flag) and its dtype code.
+struct Flag {
+    u64 ptr;
+    i32 code;
+    i32 unused;
+};
+
+__device__ __forceinline__ bool raised(Flag f) { return f.ptr != 0 && load_scalar((const void *)f.ptr, f.code) != 0.0; }
+
+struct SgdArgs {
+    double lr, momentum, dampening, weight_decay;
+    i32 nesterov, first_step, unused0, unused1;
+};
+
+/// PyTorch's SGD: list 0 params, 1 grads, 2 momentum buffers (when momentum ≠ 0).
+template <class T>
+__global__ void sgd(TensorList list, SgdArgs a, Flag found_inf) {
+    typedef typename Num<T>::acc A;
+    if (raised(found_inf)) return;
+    const int t = blockIdx.y;
+    T *param = (T *)list.ptr[0][t];
+    const T *grad = (const T *)list.ptr[1][t];
+    T *buf = (T *)list.ptr[2][t];
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
+        const A w = Num<T>::load(param[i]);
+        A d = Num<T>::load(grad[i]) + (A)a.weight_decay * w;
+        if (a.momentum != 0.0) {
+            const A b = a.first_step ? d : (A)a.momentum * Num<T>::load(buf[i]) + (A)(1.0 - a.dampening) * d;
+            buf[i] = Num<T>::store(b);
+            d = a.nesterov ? d + (A)a.momentum * b : b;
+        }
+        param[i] = Num<T>::store(w - (A)a.lr * d);
+    }
+}
+
+/// AdamW's step count: += 1 unless found-inf (one thread, before `adamw` reads it).
+__global__ void adamw_step(Flag step, Flag found_inf) {
+    if (threadIdx.x != 0 || blockIdx.x != 0 || raised(found_inf)) return;
+    store_scalar((void *)step.ptr, step.code, load_scalar((const void *)step.ptr, step.code) + 1.0);
+}
+
+struct AdamArgs {
+    double lr, beta1, beta2, eps, weight_decay;
+};
+
+/// PyTorch's AdamW at the (already counted) step: list 0 params, 1 grads, 2 exp_avg, 3 exp_avg_sq.
+template <class T>
+__global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag found_inf) {
+    typedef typename Num<T>::acc A;
+    if (raised(found_inf)) return;
+    const double s = load_scalar((const void *)step.ptr, step.code);
+    const A bc1 = (A)(1.0 - pow(a.beta1, s)), bc2_sqrt = (A)sqrt(1.0 - pow(a.beta2, s));
+    const int t = blockIdx.y;
+    T *param = (T *)list.ptr[0][t];
+    const T *grad = (const T *)list.ptr[1][t];
+    T *m1 = (T *)list.ptr[2][t];
+    T *m2 = (T *)list.ptr[3][t];
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
+        const A g = Num<T>::load(grad[i]);
+        const A w = Num<T>::load(param[i]) * (A)(1.0 - a.lr * a.weight_decay);
+        const A m = (A)a.beta1 * Num<T>::load(m1[i]) + (A)(1.0 - a.beta1) * g;
+        const A v = (A)a.beta2 * Num<T>::load(m2[i]) + (A)(1.0 - a.beta2) * g * g;
+        const A denom = sqrt(v) / bc2_sqrt + (A)a.eps;
+        m1[i] = Num<T>::store(m);
+        m2[i] = Num<T>::store(v);
+        param[i] = Num<T>::store(w - (A)a.lr / bc1 * m / denom);
+    }
+}
+
+/// g *= inv_scale for every gradient (list 0); found-inf = 1 where a result is inf or NaN.
+template <class T>
+__global__ void unscale_check(TensorList list, Flag inv_scale, Flag found_inf) {
+    typedef typename Num<T>::acc A;
+    const A inv = (A)load_scalar((const void *)inv_scale.ptr, inv_scale.code);
+    const int t = blockIdx.y;
+    T *grad = (T *)list.ptr[0][t];
+    bool bad = false;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
+        const A v = Num<T>::load(grad[i]) * inv;
+        bad |= !isfinite(v);
+        grad[i] = Num<T>::store(v);
+    }
+    // Every writer writes the same 1: the race is benign.
+    if (bad) store_scalar((void *)found_inf.ptr, found_inf.code, 1.0);
+}
+
+struct ScalerArgs {
+    double growth_factor, backoff_factor, growth_interval;
+};
+
+/// GradScaler's update (one thread): back off on overflow, grow after `growth_interval` clean
+/// steps; then clear found-inf for the next step.
+__global__ void scaler_update(Flag scale, Flag tracker, Flag found_inf, ScalerArgs a) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const bool overflow = raised(found_inf);
+    const double count = load_scalar((const void *)tracker.ptr, tracker.code);
+    double factor = 1.0, next = count + 1.0;
+    if (overflow) {
+        factor = a.backoff_factor;
+        next = 0.0;
+    } else if (count + 1.0 >= a.growth_interval) {
+        factor = a.growth_factor;
+        next = 0.0;
+    }
+    store_scalar((void *)scale.ptr, scale.code, load_scalar((const void *)scale.ptr, scale.code) * factor);
+    store_scalar((void *)tracker.ptr, tracker.code, next);
+    store_scalar((void *)found_inf.ptr, found_inf.code, 0.0);
+}
