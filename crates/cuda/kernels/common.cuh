@@ -45,6 +45,12 @@ struct Pick<false, A, B> {
     typedef B type;
 };
 
+/// t[i0, i1, i2, i3] of a 4-d operand, through its strides (convolutions, pooling).
+template <class T>
+__device__ __forceinline__ T at4(const T *t, const Strided &s, i64 i0, i64 i1, i64 i2, i64 i3) {
+    return t[s.offset + i0 * s.stride[0] + i1 * s.stride[1] + i2 * s.stride[2] + i3 * s.stride[3]];
+}
+
 /// Per storage type: the type arithmetic happens in, and the load/store between them.
 /// Half types compute in f32; everything else in itself.
 template <class T>

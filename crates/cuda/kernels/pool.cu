@@ -9,12 +9,6 @@ struct PoolGeometry {
     i64 kh, kw, sh, sw, ph, pw;
 };
 
-/// x[b, c, iy, ix] through x's strides.
-template <class T>
-__device__ __forceinline__ T at4(const T *x, const Strided &s, i64 b, i64 c, i64 iy, i64 ix) {
-    return x[s.offset + b * s.stride[0] + c * s.stride[1] + iy * s.stride[2] + ix * s.stride[3]];
-}
-
 /// The outputs along one axis whose windows cover input coordinate `i`: [lo, hi].
 __device__ __forceinline__ void covering(i64 i, i64 k, i64 s, i64 p, i64 outputs, i64 &lo, i64 &hi) {
     const i64 first = i + p - k + 1;  // the lowest o with o·s − p + k − 1 ≥ i, before rounding

@@ -144,6 +144,18 @@ pub fn dtype_code(dtype: DType) -> i32 {
     DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0) as i32
 }
 
+pub fn matmul(dtype: DType) -> String {
+    format!("matmul<{}>", ctype(dtype))
+}
+
+/// Convolution kernels: `conv2d`, `conv2d_input_grad`, `conv2d_weight_grad`.
+pub fn conv(kernel: &str, dtype: DType) -> String {
+    format!("{kernel}<{}>", ctype(dtype))
+}
+
+/// The convolution kernels' names (also the ops' names).
+pub const CONV_KERNELS: [&str; 3] = ["conv2d", "conv2d_input_grad", "conv2d_weight_grad"];
+
 fn family(name: &'static str, text: &'static str, instantiations: Vec<String>) -> Family {
     Family {
         source: Source { name, text },
@@ -205,6 +217,10 @@ pub fn families() -> Vec<Family> {
         .flat_map(|&d| ["sgd", "adamw", "unscale_check"].map(|k| optim(k, d)))
         .collect();
     optimizers.extend(["adamw_step".to_string(), "scaler_update".to_string()]);
+    let convs: Vec<String> = floats
+        .iter()
+        .flat_map(|&d| CONV_KERNELS.iter().map(move |k| conv(k, d)))
+        .collect();
     vec![
         family(
             "elementwise.cu",
@@ -235,5 +251,11 @@ pub fn families() -> Vec<Family> {
         family("norm.cu", include_str!("../kernels/norm.cu"), norms),
         family("pool.cu", include_str!("../kernels/pool.cu"), pools),
         family("optim.cu", include_str!("../kernels/optim.cu"), optimizers),
+        family(
+            "matmul.cu",
+            include_str!("../kernels/matmul.cu"),
+            floats_of(matmul),
+        ),
+        family("conv.cu", include_str!("../kernels/conv.cu"), convs),
     ]
 }

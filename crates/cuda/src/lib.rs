@@ -29,9 +29,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, DType, HostBytes, Layout, NnOp, Op,
-    OtherOp, Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage, TensorError,
-    UnaryOp, View,
+    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, DType, HostBytes, Layout, Op,
+    Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage, TensorError, UnaryOp, View,
 };
 
 pub use emulator::Emulator;
@@ -148,16 +147,6 @@ impl CudaBackend {
             dtype: s.dtype(),
         })
     }
-
-    /// The error for a family this backend does not run yet (the front end refuses undeclared
-    /// pairs before they get here; this answers a direct call).
-    fn undeclared(&self, op: Op, dtype: DType) -> TensorError {
-        TensorError::Unsupported {
-            op,
-            dtype,
-            device: self.name(),
-        }
-    }
 }
 
 impl Backend for CudaBackend {
@@ -243,8 +232,16 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn matmul(&self, a: View<'_>, _b: View<'_>) -> Result<Storage> {
-        Err(self.undeclared(Op::Other(OtherOp::Matmul), a.dtype()))
+    fn matmul(&self, a: View<'_>, b: View<'_>) -> Result<Storage> {
+        let (sa, sb) = (a.layout.shape(), b.layout.shape());
+        let mut shape = sa.to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = sb[sb.len() - 1];
+        }
+        let y = self.alloc(a.dtype(), shape.iter().product())?;
+        let (ao, bo) = (self.operand(a)?, self.operand(b)?);
+        ops::matmul::matmul(&*self.gpu, &ao, &bo, self.buffer(&y)?.ptr)?;
+        Ok(y)
     }
 
     fn select(&self, cond: View<'_>, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage> {
@@ -296,34 +293,38 @@ impl Backend for CudaBackend {
         ops::nn::scatter_add(&*self.gpu, ptr, dst.dtype(), dst_shape, axis, &io, &so)
     }
 
-    fn conv2d(
-        &self,
-        x: View<'_>,
-        _w: View<'_>,
-        _p: &Conv2dParams,
-        _out: &Layout,
-    ) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::Conv2d), x.dtype()))
+    fn conv2d(&self, x: View<'_>, w: View<'_>, p: &Conv2dParams, out: &Layout) -> Result<Storage> {
+        let y = self.alloc_for(x.dtype(), out)?;
+        let (xo, wo, yo) = (self.operand(x)?, self.operand(w)?, self.output(&y, out)?);
+        ops::conv::conv2d(&*self.gpu, &xo, &wo, p, &yo)?;
+        Ok(y)
     }
 
     fn conv2d_input_grad(
         &self,
         g: View<'_>,
-        _w: View<'_>,
-        _p: &Conv2dParams,
-        _out: &Layout,
+        w: View<'_>,
+        p: &Conv2dParams,
+        out: &Layout,
     ) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::Conv2dInputGrad), g.dtype()))
+        let y = self.alloc_for(g.dtype(), out)?;
+        let (go, wo, yo) = (self.operand(g)?, self.operand(w)?, self.output(&y, out)?);
+        ops::conv::input_grad(&*self.gpu, &go, &wo, p, &yo)?;
+        Ok(y)
     }
 
     fn conv2d_weight_grad(
         &self,
         x: View<'_>,
-        _g: View<'_>,
-        _p: &Conv2dParams,
-        _weight_shape: &[usize],
+        g: View<'_>,
+        p: &Conv2dParams,
+        weight_shape: &[usize],
     ) -> Result<Storage> {
-        Err(self.undeclared(Op::Nn(NnOp::Conv2dWeightGrad), x.dtype()))
+        let y = self.alloc(x.dtype(), weight_shape.iter().product())?;
+        let (xo, go) = (self.operand(x)?, self.operand(g)?);
+        let ptr = self.buffer(&y)?.ptr;
+        ops::conv::weight_grad(&*self.gpu, &xo, &go, p, weight_shape, ptr)?;
+        Ok(y)
     }
 
     fn max_pool2d(

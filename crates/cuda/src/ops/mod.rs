@@ -1,7 +1,9 @@
 //! Launchers by op family: each computes a grid and packs a kernel's parameters, nothing else.
 //! An op's kernel lives in `kernels/<family>.cu`, beside this file's name.
 
+pub mod conv;
 pub mod elementwise;
+pub mod matmul;
 pub mod nn;
 pub mod norm;
 pub mod optim;
