@@ -8,12 +8,14 @@
 //!   (op, dtype) pair forward and backward against the reference with dtype-aware tolerances,
 //!   undeclared pairs must be refused, invalid inputs must be errors. It prints the matrix.
 //! * [`broken`] — a deliberately broken backend, to show the suite can fail.
+//! * [`training`] — a tiny CNN and one AMP training step of it, for comparing backends.
 
 pub mod broken;
 pub mod case;
 pub mod conformance;
 pub mod gradcheck;
 pub mod strategies;
+pub mod training;
 
 pub use case::{Case, Input, ViewKind};
 pub use conformance::{run_conformance, Report, SuiteConfig};
