@@ -120,6 +120,9 @@ pub struct CudaDriver {
     info: DeviceInfo,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     nvrtc: OnceLock<Result<Nvrtc, String>>,
+    /// `REDLINE_CUDA_LAUNCH_BLOCKING=1` (CUDA_LAUNCH_BLOCKING's counterpart): synchronise after
+    /// every launch, so a failing kernel is named where it fails rather than at a later sync.
+    blocking: bool,
 }
 
 impl std::fmt::Debug for CudaDriver {
@@ -174,6 +177,8 @@ impl CudaDriver {
             info,
             modules: Mutex::new(HashMap::new()),
             nvrtc: OnceLock::new(),
+            blocking: std::env::var("REDLINE_CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1")
+                || std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -292,7 +297,13 @@ impl Gpu for CudaDriver {
                 &mut params,
             )
         }
-        .map_err(|e| self.error(kernel, e))
+        .map_err(|e| self.error(kernel, e))?;
+        if self.blocking {
+            self.stream
+                .synchronize()
+                .map_err(|e| self.error(&format!("kernel {kernel} failed"), e))?;
+        }
+        Ok(())
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -383,4 +383,8 @@ impl Gpu for Emulator {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+
+    fn exact_sizes(&self) -> bool {
+        true
+    }
 }

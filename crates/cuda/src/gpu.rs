@@ -5,7 +5,6 @@
 
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::Arc;
 
 use redline_tensor::{Result, TensorError};
 
@@ -59,6 +58,12 @@ pub trait Gpu: Send + Sync + fmt::Debug {
 
     /// Waits for every enqueued launch and copy.
     fn synchronize(&self) -> Result<()>;
+
+    /// Whether the caching allocator should ask for exactly the bytes requested instead of a
+    /// size class: the emulator's guard bytes then sit right after each storage's last element.
+    fn exact_sizes(&self) -> bool {
+        false
+    }
 }
 
 /// A kernel's parameters in cuLaunchKernel's form: one pointer per parameter, to its bytes.
@@ -211,30 +216,6 @@ impl Strided {
         }
         s.contiguous = dense as i32;
         Ok(s)
-    }
-}
-
-/// Device memory owned by a storage: freed when the last handle goes.
-#[derive(Debug)]
-pub struct Buffer {
-    pub ptr: DevicePtr,
-    pub bytes: usize,
-    gpu: Arc<dyn Gpu>,
-}
-
-impl Buffer {
-    pub fn new(gpu: &Arc<dyn Gpu>, bytes: usize) -> Result<Self> {
-        Ok(Self {
-            ptr: gpu.alloc(bytes)?,
-            bytes,
-            gpu: gpu.clone(),
-        })
-    }
-}
-
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        self.gpu.free(self.ptr);
     }
 }
 

@@ -21,11 +21,12 @@ pub mod gpu;
 pub mod kernels;
 pub mod libs;
 pub mod matrix;
+pub mod memory;
 pub mod nvrtc;
 mod ops;
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
@@ -34,7 +35,8 @@ use redline_tensor::{
 };
 
 pub use emulator::Emulator;
-pub use gpu::{Buffer, DevicePtr, Gpu, KernelArgs, LaunchShape, Strided};
+pub use gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Strided};
+pub use memory::{Buffer, MemoryPool, MemoryStats};
 
 use ops::elementwise::{self, Operand};
 
@@ -43,7 +45,26 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 /// The CUDA backend over one [`Gpu`].
 pub struct CudaBackend {
     gpu: Arc<dyn Gpu>,
+    memory: Arc<MemoryPool>,
+    transfers: Counters,
     id: usize,
+}
+
+/// Host↔device traffic so far: a steady-state training step should show one upload (the
+/// batch), one download (the loss) and no synchronisation — anything more is a silent host
+/// round trip.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    pub uploads: u64,
+    pub downloads: u64,
+    pub synchronizations: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    uploads: AtomicU64,
+    downloads: AtomicU64,
+    synchronizations: AtomicU64,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -55,10 +76,38 @@ impl fmt::Debug for CudaBackend {
 impl CudaBackend {
     /// The backend on `gpu`.
     pub fn new(gpu: Arc<dyn Gpu>) -> Self {
+        Self::with_memory_cap(gpu, None)
+    }
+
+    /// The backend on `gpu` with at most `cap` bytes reserved by its caching allocator (an
+    /// allocation past it is an out-of-memory error that prints the allocator's statistics).
+    pub fn with_memory_cap(gpu: Arc<dyn Gpu>, cap: Option<usize>) -> Self {
         Self {
+            memory: Arc::new(MemoryPool::new(gpu.clone(), cap)),
+            transfers: Counters::default(),
             gpu,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed) | (3 << 48),
         }
+    }
+
+    /// The caching allocator's statistics.
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.memory.stats()
+    }
+
+    /// Uploads, downloads and synchronisations so far.
+    pub fn transfer_stats(&self) -> TransferStats {
+        let t = &self.transfers;
+        TransferStats {
+            uploads: t.uploads.load(Ordering::Relaxed),
+            downloads: t.downloads.load(Ordering::Relaxed),
+            synchronizations: t.synchronizations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Returns every cached block to the device (memory in use stays).
+    pub fn empty_cache(&self) {
+        self.memory.empty_cache()
     }
 
     /// The backend on CUDA device `ordinal`, or why there is none (never a panic).
@@ -86,7 +135,7 @@ impl CudaBackend {
 
     /// A new storage of `len` elements of `dtype` (contents undefined until written).
     fn alloc(&self, dtype: DType, len: usize) -> Result<Storage> {
-        let buffer = Buffer::new(&self.gpu, len * dtype.size())?;
+        let buffer = Buffer::new(&self.memory, len * dtype.size())?;
         Ok(Storage::new(dtype, len, self.id, buffer))
     }
 
@@ -171,6 +220,7 @@ impl Backend for CudaBackend {
     fn upload(&self, dtype: DType, bytes: HostBytes) -> Result<Storage> {
         let len = bytes.len() / dtype.size();
         let out = self.alloc(dtype, len)?;
+        self.transfers.uploads.fetch_add(1, Ordering::Relaxed);
         self.gpu
             .upload(self.buffer(&out)?.ptr, &bytes[..len * dtype.size()])?;
         Ok(out)
@@ -182,6 +232,7 @@ impl Backend for CudaBackend {
         if bytes.is_empty() {
             return Ok(bytes);
         }
+        self.transfers.downloads.fetch_add(1, Ordering::Relaxed);
         if x.layout.is_contiguous() {
             let at = self.buffer(x.storage)?.ptr.offset(x.layout.offset() * size);
             self.gpu.download(at, &mut bytes)?;
@@ -195,6 +246,9 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.transfers
+            .synchronizations
+            .fetch_add(1, Ordering::Relaxed);
         self.gpu.synchronize()
     }
 

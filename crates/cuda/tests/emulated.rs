@@ -409,3 +409,117 @@ fn an_amp_training_step_matches_the_cpu_backend_and_skips_on_overflow() {
         "a skipped step leaves every parameter as it was"
     );
 }
+
+#[test]
+fn a_repeated_step_reuses_cached_memory_and_allocates_nothing() {
+    let backend = Arc::new(CudaBackend::emulated().unwrap());
+    let device = Device::new(backend.clone());
+    let step = || {
+        let x = Tensor::from_slice(&ramp(2 * 3 * 8 * 8, 0.1), &[2, 3, 8, 8], &device).unwrap();
+        let w = Tensor::from_slice(&ramp(4 * 3 * 3 * 3, 0.1), &[4, 3, 3, 3], &device)
+            .unwrap()
+            .with_requires_grad(true);
+        let y = x
+            .conv2d(&w, None, Default::default())
+            .unwrap()
+            .relu()
+            .unwrap();
+        y.sum(&[], false).unwrap().backward().unwrap();
+        w.grad().unwrap().to_vec::<f32>().unwrap()
+    };
+    let first = step();
+    let warm = backend.memory_stats();
+    let second = step();
+    let after = backend.memory_stats();
+    assert_eq!(first, second);
+    assert_eq!(
+        after.device_allocations, warm.device_allocations,
+        "the second step allocated from the device: {warm} → {after}"
+    );
+    assert!(after.reuses > warm.reuses);
+    assert_eq!(
+        after.in_use, 0,
+        "every storage went back to the cache: {after}"
+    );
+    backend.empty_cache();
+    assert_eq!(backend.memory_stats().reserved, 0);
+}
+
+#[test]
+fn past_the_memory_cap_is_an_out_of_memory_error_with_the_allocator_statistics() {
+    let gpu: Arc<dyn redline_cuda::Gpu> = Arc::new(redline_cuda::Emulator::new().unwrap());
+    let backend = CudaBackend::with_memory_cap(gpu, Some(4096));
+    let device = Device::new(Arc::new(backend));
+    let small = Tensor::zeros(&[256], DType::F32, &device).unwrap(); // 1 KiB
+    let err = Tensor::zeros(&[1024], DType::F32, &device).unwrap_err(); // 4 KiB more
+    let text = err.to_string();
+    assert!(
+        text.contains("out of memory allocating 4096 bytes"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the memory cap") && text.contains("reserved"),
+        "{text}"
+    );
+    drop(small);
+    // The cached 1 KiB goes back to the device to make room: now it fits.
+    Tensor::zeros(&[1024], DType::F32, &device).unwrap();
+}
+
+/// One AMP training step after another on the CUDA kernels: past the first (which creates the
+/// optimizer's state), each shows the batch upload and the loss read-back and no other host
+/// round trip, and allocates nothing from the device.
+#[test]
+fn a_steady_state_training_step_copies_only_the_batch_and_the_loss() {
+    use redline_amp::{autocast, for_f32, GradScaler};
+    use redline_nn::{decay_groups, named_parameters, Module, Sgd};
+    let backend = Arc::new(CudaBackend::emulated().unwrap());
+    let device = Device::new(backend.clone());
+    let model = redline_testkit::training::tiny_cnn(&device);
+    let mut opt = Sgd::new(decay_groups(&model, 0.01), 0.9, 0.0, true).unwrap();
+    let mut scaler = GradScaler::new(&device, DType::F32).unwrap();
+    let params: Vec<Tensor> = named_parameters(&model)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let labels = Tensor::from_slice(&[2i64, 0], &[2], &device).unwrap();
+    let mut step = |seed: usize| -> f64 {
+        let pixels: Vec<f32> = (0..2 * 3 * 8 * 8)
+            .map(|i| (((i + seed) * 7 % 13) as f32 - 6.0) / 6.0)
+            .collect();
+        let x = Tensor::from_slice(&pixels, &[2, 3, 8, 8], &device).unwrap();
+        let scope = autocast(DType::F16).unwrap();
+        let logits = model.forward(&x).unwrap();
+        let loss = for_f32(&logits)
+            .and_then(|l| l.cross_entropy(&labels, 0.1, None))
+            .unwrap();
+        drop(scope);
+        scaler.scale(&loss).and_then(|l| l.backward()).unwrap();
+        let flag = scaler.step_flag(&params).unwrap().clone();
+        opt.step(0.1, Some(&flag)).unwrap();
+        scaler.update().unwrap();
+        for p in &params {
+            p.zero_grad();
+        }
+        loss.item().unwrap()
+    };
+    step(0);
+    step(1);
+    let (before, memory) = (backend.transfer_stats(), backend.memory_stats());
+    let loss = step(2);
+    let (after, memory_after) = (backend.transfer_stats(), backend.memory_stats());
+    assert!(loss.is_finite());
+    assert_eq!(
+        (
+            after.uploads - before.uploads,
+            after.downloads - before.downloads,
+            after.synchronizations - before.synchronizations
+        ),
+        (1, 1, 0),
+        "a step: one upload (the batch), one download (the loss), no synchronisation"
+    );
+    assert_eq!(
+        memory_after.device_allocations, memory.device_allocations,
+        "{memory_after}"
+    );
+}

@@ -1,0 +1,221 @@
+//! The caching allocator: device memory is taken from the [`Gpu`] once and reused, so a
+//! training step's steady state allocates nothing from the device (no cudaMalloc, no
+//! cuMemAllocAsync). Blocks are kept in size classes and reused in stream order: the backend has
+//! one stream, and a storage is dropped only after every op that uses it was enqueued, so a
+//! later op that gets its block runs after them.
+//!
+//! Size classes: multiples of 512 bytes up to 1 MiB; above, eight classes per power of two (at
+//! most 12.5% rounding). On the emulator every size is its own class, so its guard bytes sit
+//! right after each storage. Statistics (in use, reserved, peak, device allocations, reuses) are
+//! kept, an optional cap bounds what is reserved, and running out of memory — the cap or the
+//! device — first returns every cached block to the device and retries, then fails with an error
+//! that prints the statistics.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use redline_tensor::{Result, TensorError};
+
+use crate::gpu::{DevicePtr, Gpu};
+
+/// What the allocator holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes in blocks that storages hold now (by size class).
+    pub in_use: usize,
+    /// Bytes taken from the device: in use plus cached.
+    pub reserved: usize,
+    /// The most `in_use` has been.
+    pub peak_in_use: usize,
+    /// Allocations from the device (each a cudaMalloc-class call).
+    pub device_allocations: u64,
+    /// Requests served from the cache.
+    pub reuses: u64,
+}
+
+impl std::fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+        write!(
+            f,
+            "{:.1} MiB in use, {:.1} MiB reserved, peak {:.1} MiB in use, {} device allocations, {} reuses",
+            mib(self.in_use),
+            mib(self.reserved),
+            mib(self.peak_in_use),
+            self.device_allocations,
+            self.reuses
+        )
+    }
+}
+
+/// The size class of a request: what is really allocated for it.
+pub fn size_class(bytes: usize) -> usize {
+    const SMALL: usize = 512;
+    const LARGE: usize = 1 << 20;
+    let bytes = bytes.max(1);
+    if bytes <= LARGE {
+        return bytes.div_ceil(SMALL) * SMALL;
+    }
+    // Eight steps between consecutive powers of two.
+    let power = usize::BITS - 1 - (bytes - 1).leading_zeros();
+    let step = (1usize << power) / 8;
+    bytes.div_ceil(step) * step
+}
+
+#[derive(Debug, Default)]
+struct State {
+    free: BTreeMap<usize, Vec<DevicePtr>>,
+    stats: MemoryStats,
+}
+
+/// The allocator of one device.
+#[derive(Debug)]
+pub struct MemoryPool {
+    gpu: Arc<dyn Gpu>,
+    cap: Option<usize>,
+    state: Mutex<State>,
+}
+
+impl MemoryPool {
+    /// A pool over `gpu`; `cap` bounds the bytes reserved (None: the device's memory).
+    pub fn new(gpu: Arc<dyn Gpu>, cap: Option<usize>) -> Self {
+        Self {
+            gpu,
+            cap,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        self.state().stats
+    }
+
+    /// A block of at least `bytes`, and its class (pass it back to [`release`](Self::release)).
+    pub fn allocate(&self, bytes: usize) -> Result<(DevicePtr, usize)> {
+        let class = if self.gpu.exact_sizes() {
+            bytes.max(1)
+        } else {
+            size_class(bytes)
+        };
+        let mut state = self.state();
+        if let Some(ptr) = state.free.get_mut(&class).and_then(Vec::pop) {
+            state.stats.reuses += 1;
+            Self::count_in(&mut state.stats, class);
+            return Ok((ptr, class));
+        }
+        let over_cap = |s: &State| self.cap.is_some_and(|cap| s.stats.reserved + class > cap);
+        if over_cap(&state) {
+            self.empty_cache_locked(&mut state);
+        }
+        if over_cap(&state) {
+            return Err(self.out_of_memory(&state, bytes, "the memory cap"));
+        }
+        let ptr = match self.gpu.alloc(class) {
+            Ok(ptr) => ptr,
+            Err(first) => {
+                // The device is full: give back what is cached and try once more.
+                self.empty_cache_locked(&mut state);
+                self.gpu
+                    .alloc(class)
+                    .map_err(|_| self.out_of_memory(&state, bytes, &first.to_string()))?
+            }
+        };
+        state.stats.device_allocations += 1;
+        state.stats.reserved += class;
+        Self::count_in(&mut state.stats, class);
+        Ok((ptr, class))
+    }
+
+    fn count_in(stats: &mut MemoryStats, class: usize) {
+        stats.in_use += class;
+        stats.peak_in_use = stats.peak_in_use.max(stats.in_use);
+    }
+
+    /// Takes a block back into the cache (stream-ordered reuse: see the module docs).
+    pub fn release(&self, ptr: DevicePtr, class: usize) {
+        let mut state = self.state();
+        state.stats.in_use -= class;
+        state.free.entry(class).or_default().push(ptr);
+    }
+
+    /// Returns every cached block to the device.
+    pub fn empty_cache(&self) {
+        let mut state = self.state();
+        self.empty_cache_locked(&mut state);
+    }
+
+    fn empty_cache_locked(&self, state: &mut State) {
+        for (class, ptrs) in std::mem::take(&mut state.free) {
+            for ptr in ptrs {
+                self.gpu.free(ptr);
+                state.stats.reserved -= class;
+            }
+        }
+    }
+
+    fn out_of_memory(&self, state: &State, bytes: usize, why: &str) -> TensorError {
+        let cap = self.cap.map_or(String::new(), |c| {
+            format!(", cap {:.1} MiB", c as f64 / 1048576.0)
+        });
+        TensorError::Backend {
+            device: self.gpu.name(),
+            what: format!(
+                "out of memory allocating {bytes} bytes ({why}); allocator: {}{cap}",
+                state.stats
+            ),
+        }
+    }
+}
+
+impl Drop for MemoryPool {
+    fn drop(&mut self) {
+        self.empty_cache();
+    }
+}
+
+/// Device memory owned by a storage: back to its pool's cache when the storage goes.
+#[derive(Debug)]
+pub struct Buffer {
+    pub ptr: DevicePtr,
+    class: usize,
+    pool: Arc<MemoryPool>,
+}
+
+impl Buffer {
+    pub fn new(pool: &Arc<MemoryPool>, bytes: usize) -> Result<Self> {
+        let (ptr, class) = pool.allocate(bytes)?;
+        Ok(Self {
+            ptr,
+            class,
+            pool: pool.clone(),
+        })
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        self.pool.release(self.ptr, self.class);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_round_up_by_at_most_an_eighth_above_a_mebibyte() {
+        assert_eq!(size_class(0), 512);
+        assert_eq!(size_class(1), 512);
+        assert_eq!(size_class(513), 1024);
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class((1 << 20) + 1), (1 << 20) + (1 << 17));
+        for bytes in [3_000_000usize, 25_000_000, 1 << 30] {
+            let c = size_class(bytes);
+            assert!(c >= bytes && (c - bytes) * 8 <= bytes, "{bytes} → {c}");
+        }
+    }
+}
