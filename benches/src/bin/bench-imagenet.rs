@@ -50,8 +50,9 @@ fn run() -> Res<()> {
     } else {
         (device, None)
     };
-    let software = candidate.kind == Kind::Wgpu && candidate.software;
-    // A software adapter runs at ~0.3 GFLOP/s: a small model at low resolution.
+    let software = candidate.software;
+    // A software device (a software Vulkan adapter at ~0.3 GFLOP/s, the CUDA emulator slower
+    // still) gets a small model at low resolution.
     let (default_model, default_res, default_batch) = if software {
         ("resnet18", 32, 4)
     } else {

@@ -6,6 +6,9 @@
 //! backend itself.
 //!
 //! The CPU slot is the fast CPU backend (`redline-cpu`); the f64 reference is for tests only.
+//! CUDA devices are listed when the driver answers (`cuda:0`, `cuda:1`, … after
+//! `CUDA_VISIBLE_DEVICES`); "cuda-emulator" — the CUDA kernels on the host emulator, thousands of
+//! times slower than the CPU backend — is a software device, used only by name.
 
 use std::sync::Arc;
 
@@ -34,16 +37,17 @@ impl Candidate {
     /// Lower is better. Software adapters come after the CPU.
     pub fn rank(&self) -> u8 {
         match (self.kind, self.software) {
-            (Kind::Cuda, _) => 0,
+            (Kind::Cuda, false) => 0,
             (Kind::Wgpu, false) => 1,
             (Kind::Cpu, _) => 2,
             (Kind::Wgpu, true) => 3,
+            (Kind::Cuda, true) => 4,
         }
     }
 
-    /// Whether `best()` may pick it: not a software adapter.
+    /// Whether `best()` may pick it: not a software device.
     pub fn automatic(&self) -> bool {
-        !(self.kind == Kind::Wgpu && self.software)
+        !self.software
     }
 }
 
@@ -55,12 +59,26 @@ fn wgpu_candidate(a: &AdapterSummary) -> Candidate {
     }
 }
 
+/// The name of the CUDA kernels on the host emulator.
+pub const CUDA_EMULATOR: &str = "cuda-emulator";
+
 /// Every device, best first.
 pub fn candidates() -> Vec<Candidate> {
-    let mut all: Vec<Candidate> = redline_wgpu::adapters()
-        .iter()
-        .map(wgpu_candidate)
+    // No driver or no device is an ordinary answer here: there are simply no CUDA candidates.
+    let cuda = redline_cuda::driver::device_count().unwrap_or(0);
+    let mut all: Vec<Candidate> = (0..cuda)
+        .map(|i| Candidate {
+            name: format!("cuda:{i}"),
+            kind: Kind::Cuda,
+            software: false,
+        })
         .collect();
+    all.extend(redline_wgpu::adapters().iter().map(wgpu_candidate));
+    all.push(Candidate {
+        name: CUDA_EMULATOR.into(),
+        kind: Kind::Cuda,
+        software: true,
+    });
     all.push(Candidate {
         name: "cpu".into(),
         kind: Kind::Cpu,
@@ -78,9 +96,21 @@ fn open(candidate: &Candidate) -> Result<Device> {
             let backend = WgpuBackend::new(move |a| a.name == wanted)?;
             Ok(Device::new(Arc::new(backend)))
         }
-        Kind::Cuda => Err(TensorError::Device(
-            "the CUDA backend is not part of this build yet".into(),
-        )),
+        Kind::Cuda if candidate.software => Ok(Device::new(Arc::new(
+            redline_cuda::CudaBackend::emulated()?,
+        ))),
+        Kind::Cuda => {
+            let ordinal = candidate
+                .name
+                .trim_start_matches("cuda:")
+                .parse::<usize>()
+                .map_err(|_| {
+                    TensorError::Device(format!("not a CUDA device: {}", candidate.name))
+                })?;
+            let backend = redline_cuda::CudaBackend::device(ordinal)
+                .map_err(|e| TensorError::Device(format!("{}: {e}", candidate.name)))?;
+            Ok(Device::new(Arc::new(backend)))
+        }
     }
 }
 
@@ -89,8 +119,9 @@ pub fn best() -> Result<Device> {
     select(None).map(|(_, device)| device)
 }
 
-/// A device by name: "cpu", "wgpu" (the best wgpu adapter, software included), or
-/// "wgpu:<part of an adapter name>" (e.g. "wgpu:llvmpipe").
+/// A device by name: "cpu", "cuda" (the first CUDA device), "cuda:N", "cuda-emulator", "wgpu"
+/// (the best wgpu adapter, software included), or "wgpu:<part of an adapter name>" (e.g.
+/// "wgpu:llvmpipe").
 pub fn by_name(name: &str) -> Result<Device> {
     select(Some(name)).map(|(_, device)| device)
 }
@@ -102,7 +133,9 @@ pub fn select(name: Option<&str>) -> Result<(Candidate, Device)> {
     let matches = |c: &&Candidate| match name {
         None => c.automatic(),
         Some("cpu") => c.kind == Kind::Cpu,
+        Some("cuda") => c.kind == Kind::Cuda && !c.software,
         Some("wgpu") => c.kind == Kind::Wgpu,
+        Some(exact) if exact.starts_with("cuda") => c.name == exact,
         Some(name) => name
             .strip_prefix("wgpu:")
             .is_some_and(|part| c.kind == Kind::Wgpu && c.name.contains(part)),
@@ -139,6 +172,7 @@ mod tests {
             candidate(Kind::Cpu, false),
             candidate(Kind::Wgpu, false),
             candidate(Kind::Cuda, false),
+            candidate(Kind::Cuda, true),
         ];
         all.sort_by_key(Candidate::rank);
         let order: Vec<(Kind, bool)> = all.iter().map(|c| (c.kind, c.software)).collect();
@@ -148,9 +182,11 @@ mod tests {
                 (Kind::Cuda, false),
                 (Kind::Wgpu, false),
                 (Kind::Cpu, false),
-                (Kind::Wgpu, true)
+                (Kind::Wgpu, true),
+                (Kind::Cuda, true)
             ]
         );
+        assert!(!candidate(Kind::Cuda, true).automatic());
         assert!(!candidate(Kind::Wgpu, true).automatic());
         assert!(candidate(Kind::Wgpu, false).automatic());
     }
@@ -173,6 +209,12 @@ mod tests {
             assert!(device.name().starts_with("wgpu:"), "{}", device.name());
         }
         assert!(by_name("no-such-device").is_err());
+        // Without a CUDA driver there is no cuda:0, and asking for it says what there is.
+        if !all.iter().any(|c| c.name == "cuda:0") {
+            let err = by_name("cuda:0").unwrap_err().to_string();
+            assert!(err.contains("no device named \"cuda:0\""), "{err}");
+            assert!(err.contains(CUDA_EMULATOR), "{err}");
+        }
         let err = by_name("wgpu:no-such-adapter").unwrap_err().to_string();
         assert!(err.contains("available: "), "{err}");
     }
