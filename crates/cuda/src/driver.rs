@@ -19,8 +19,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use redline_tensor::{Result, TensorError};
 
+use crate::compile;
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape};
-use crate::kernels::{self, HEADERS};
+use crate::kernels;
 use crate::libs::{self, LibError};
 use crate::nvrtc::Nvrtc;
 
@@ -209,14 +210,14 @@ impl CudaDriver {
         if let Some(m) = modules.get(family.source.name) {
             return Ok(m.clone());
         }
-        let nvrtc = self
-            .nvrtc
-            .get_or_init(|| Nvrtc::load().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| self.error("NVRTC is needed to compile the kernels", e))?;
-        let cubin = nvrtc
-            .compile(family, HEADERS, &self.info.arch)
-            .map_err(|e| self.error("compiling", e))?;
+        let nvrtc = || {
+            self.nvrtc
+                .get_or_init(|| Nvrtc::load().map_err(|e| e.to_string()))
+                .as_ref()
+                .map_err(|e| format!("no ahead-of-time CUBIN, and NVRTC cannot be loaded: {e}"))
+        };
+        let (cubin, _) = compile::load_or_compile(family, &self.info.arch, nvrtc)
+            .map_err(|e| self.error(family.source.name, e))?;
         self.bind()?;
         // SAFETY: a CUBIN NVRTC just made for this device's architecture.
         let module = unsafe { result::module::load_data(cubin.image.as_ptr() as *const c_void) }

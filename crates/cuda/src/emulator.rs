@@ -156,18 +156,6 @@ extern "C" int redline_emu_launch(const char *name, const unsigned *grid, const 
     out
 }
 
-/// FNV-1a over the texts: the cache key of a build.
-fn fingerprint(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in part.as_bytes().iter().chain(&[0xff]) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
-
 /// Compiler flags: C++17, wrapping signed arithmetic (as the GPU's), no fast-math.
 const FLAGS: &[&str] = &["-std=c++17", "-O1", "-fwrapv", "-fPIC", "-shared"];
 
@@ -191,7 +179,7 @@ fn build() -> Result<PathBuf> {
         parts.push(name);
         parts.push(text);
     }
-    let key = fingerprint(&parts);
+    let key = crate::compile::fingerprint(&parts);
     let root = std::env::var_os("REDLINE_CUDA_EMULATOR_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("redline-cuda-emulator"));

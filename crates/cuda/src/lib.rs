@@ -15,6 +15,7 @@
 //! (issue: the CUDA backend); until then the front end refuses their pairs with the clear
 //! `Unsupported` error.
 
+pub mod compile;
 pub mod driver;
 pub mod emulator;
 pub mod gpu;

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use redline_cuda::compile;
 use redline_cuda::kernels::{self, ARCHITECTURES, HEADERS};
 use redline_cuda::nvrtc::{Nvrtc, Resources};
 
@@ -111,4 +112,17 @@ fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
         expected,
         "every instantiation has a ptxas report"
     );
+
+    // As the gpu-check pack ships them: written, then read back whole.
+    let dir = std::env::temp_dir().join(format!("redline-aot-{}", std::process::id()));
+    for (name, arch, result) in results {
+        let family = families
+            .iter()
+            .find(|f| f.source.name == name)
+            .expect("family");
+        let compiled = compile::Compiled::from(result.expect("compiled"));
+        compile::write(&dir, family, arch, &compiled).expect("write");
+        assert_eq!(compile::read(&dir, family, arch).as_ref(), Some(&compiled));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
