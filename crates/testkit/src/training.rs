@@ -77,3 +77,43 @@ pub fn amp_step(
     let scale = scaler.state()[0].1.item().expect("scale");
     (after, logits.dtype(), found, scale)
 }
+
+/// The AMP step on `device` checked against `reference` (another backend, e.g. the CPU): the
+/// classifier ran in f16, a clean step moves the parameters as the reference's did (within f16
+/// noise), and a step with an inf planted in a gradient raises the device flag, moves nothing
+/// and halves the scale. An error says which check failed.
+pub fn check_amp_step(device: &Device, reference: &Device) -> Result<(), String> {
+    // SGD for the compared step: an update proportional to the gradient (AdamW's first step is
+    // ±lr whatever the gradient's size, so a tiny gradient's rounding could flip it).
+    let (want, _, _, _) = amp_step(reference, false, false);
+    let (got, dtype, flag, scale) = amp_step(device, false, false);
+    if dtype != redline_tensor::DType::F16 {
+        return Err(format!("the classifier ran in {dtype}, not f16"));
+    }
+    if (flag, scale) != (0.0, 65536.0) {
+        return Err(format!(
+            "a clean step left found-inf {flag} and scale {scale}"
+        ));
+    }
+    for (g, w) in got.iter().zip(&want) {
+        for (a, b) in g.iter().zip(w) {
+            if (a - b).abs() > 2e-3 * b.abs().max(1.0) {
+                return Err(format!("a parameter: {a} on {device}, {b} on {reference}"));
+            }
+        }
+    }
+    let before: Vec<Vec<f64>> = redline_nn::named_parameters(&tiny_cnn(device))
+        .into_iter()
+        .map(|(_, p)| p.to_f64_vec().map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let (after, _, flag, scale) = amp_step(device, true, true);
+    if (flag, scale) != (1.0, 32768.0) {
+        return Err(format!(
+            "an overflowing step left found-inf {flag} and scale {scale}"
+        ));
+    }
+    if after != before {
+        return Err("a skipped step moved parameters".into());
+    }
+    Ok(())
+}

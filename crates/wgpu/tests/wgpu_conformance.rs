@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use redline_tensor::{Device, Pool2dParams, Tensor};
-use redline_testkit::training::{amp_step, tiny_cnn};
+use redline_testkit::training::check_amp_step;
 use redline_testkit::{run_conformance, SuiteConfig};
 use redline_wgpu::WgpuBackend;
 
@@ -218,38 +218,7 @@ fn an_amp_training_step_matches_the_cpu_backend_and_skips_on_overflow() {
         return;
     };
     let cpu = redline_cpu::CpuBackend::device();
-    // SGD: an update proportional to the gradient (AdamW's first step is ±lr whatever the
-    // gradient's size, so a tiny gradient's rounding could flip it).
-    let (want, _, _, _) = amp_step(&cpu, false, false);
-    let (got, dtype, flag, scale) = amp_step(&device, false, false);
-    assert_eq!(
-        dtype,
-        redline_tensor::DType::F16,
-        "the classifier ran in f16"
-    );
-    assert_eq!((flag, scale), (0.0, 65536.0));
-    for (g, w) in got.iter().zip(&want) {
-        for (a, b) in g.iter().zip(w) {
-            assert!(
-                (a - b).abs() <= 2e-3 * b.abs().max(1.0),
-                "wgpu {a} vs cpu {b}"
-            );
-        }
-    }
-    // Overflow: the flag is set on the device, nothing moves, the scale halves.
-    let before: Vec<Vec<f64>> = {
-        let model = tiny_cnn(&device);
-        redline_nn::named_parameters(&model)
-            .into_iter()
-            .map(|(_, p)| p.to_f64_vec().expect("download"))
-            .collect()
-    };
-    let (after, _, flag, scale) = amp_step(&device, true, true);
-    assert_eq!((flag, scale), (1.0, 32768.0));
-    assert_eq!(
-        after, before,
-        "a skipped step leaves every parameter as it was"
-    );
+    check_amp_step(&device, &cpu).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
