@@ -16,6 +16,8 @@
 //   and reads shared memory the others have not written. Launches alternate the order in which
 //   a block's threads start (forward, then backward), so a race hidden by one order shows in
 //   the other.
+// - A kernel whose launch finished without any barrier or warp operation runs later launches
+//   with its threads as plain calls (no fibers): elementwise work at function-call speed.
 // - `__half` and `__nv_bfloat16` are 16-bit host types with correctly rounded conversions.
 // Slow (a context switch per thread per barrier), but exact about indexing, tails and
 // synchronisation. The host shims `host/cuda_fp16.h` and `host/cuda_bf16.h` stand in for
@@ -83,7 +85,14 @@ struct Block {
     std::string error;
     void (*entry)(void **) = nullptr;
     void **args = nullptr;
+    // Direct mode: threads run as plain calls, one after another (see `launch`).
+    bool direct = false;
+    // Whether any thread of this launch used a barrier or a warp operation.
+    bool synced = false;
 };
+
+/// Thrown by a barrier met in direct mode, caught by `launch`.
+struct BarrierInDirectMode {};
 
 inline thread_local Block *g_block = nullptr;
 
@@ -119,6 +128,8 @@ inline unsigned existing_lanes(unsigned w) {
 
 inline void syncthreads() {
     Block &b = block();
+    if (b.direct) throw BarrierInDirectMode{};
+    b.synced = true;
     if (b.exited > 0) fail("__syncthreads() after another thread of the block exited");
     uint64_t generation = b.barrier_generation;
     if (++b.barrier_arrived == threads_in_block()) {
@@ -132,6 +143,8 @@ inline void syncthreads() {
 /// Waits until every lane of `mask` in this fiber's warp arrives with the same mask.
 inline void warp_barrier(unsigned mask, const char *what) {
     Block &b = block();
+    if (b.direct) throw BarrierInDirectMode{};
+    b.synced = true;
     Fiber &f = fiber();
     unsigned w = f.linear / kWarp, lane = f.linear % kWarp;
     if (!(mask & (1u << lane))) fail(std::string(what) + ": the calling lane is not in its mask");
@@ -188,7 +201,75 @@ inline void fiber_main(unsigned hi, unsigned lo) {
     swapcontext(&b.current->context, &b.scheduler);
 }
 
-/// Runs `entry(args)` as a grid of blocks; returns "" or the first error.
+/// Runs one block with each thread a plain call, in order: for kernels without barriers, where
+/// fibers would only add a context switch per thread. Returns "" or the error.
+inline std::string run_direct(Block &b, unsigned n, dim3 blk, bool reverse) {
+    for (unsigned k = 0; k < n; k++) {
+        unsigned t = reverse ? n - 1 - k : k;
+        Fiber &f = b.fibers[t];
+        f.linear = t;
+        f.thread_idx = {t % blk.x, (t / blk.x) % blk.y, t / (blk.x * blk.y)};
+        b.current = &f;
+        try {
+            b.entry(b.args);
+        } catch (const BarrierInDirectMode &) {
+            return "the kernel reached a barrier on a launch after launches that reached none "
+                   "(a barrier under a data-dependent condition)";
+        }
+    }
+    return "";
+}
+
+/// Runs one block with its threads as fibers; returns "" or the error.
+inline std::string run_fibers(Block &b, unsigned n, dim3 blk, bool reverse) {
+    unsigned warps = (n + kWarp - 1) / kWarp;
+    b.exited = 0;
+    b.barrier_arrived = 0;
+    b.warp_arrived.assign(warps, 0);
+    b.warp_generation.assign(warps, 0);
+    b.warp_mask.assign(warps, 0);
+    b.warp_values.assign(warps * kWarp, 0);
+    for (unsigned t = 0; t < n; t++) {
+        Fiber &f = b.fibers[t];
+        f.stack.resize(kStackBytes);
+        f.linear = t;
+        f.thread_idx = {t % blk.x, (t / blk.x) % blk.y, t / (blk.x * blk.y)};
+        f.done = false;
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = f.stack.data();
+        f.context.uc_stack.ss_size = f.stack.size();
+        f.context.uc_link = nullptr;
+        makecontext(&f.context, (void (*)())fiber_main, 2, 0u, 0u);
+    }
+    // Round-robin until every thread is done; a round in which nothing moves is a deadlock (a
+    // barrier some threads never reach).
+    for (;;) {
+        bool all_done = true;
+        uint64_t before = b.barrier_generation;
+        uint64_t warp_before = 0;
+        for (uint64_t g : b.warp_generation) warp_before += g;
+        unsigned exited_before = b.exited;
+        for (unsigned k = 0; k < n; k++) {
+            Fiber &f = b.fibers[reverse ? n - 1 - k : k];
+            if (f.done) continue;
+            b.current = &f;
+            swapcontext(&b.scheduler, &f.context);
+            if (!b.error.empty()) return b.error;
+            if (!f.done) all_done = false;
+        }
+        if (all_done) return "";
+        uint64_t warp_after = 0;
+        for (uint64_t g : b.warp_generation) warp_after += g;
+        if (b.barrier_generation == before && warp_after == warp_before && b.exited == exited_before)
+            return "deadlock: threads wait at a barrier that others never reach";
+    }
+}
+
+/// Runs `entry(args)` as a grid of blocks; returns "" or the first error. A kernel's first
+/// launch runs its threads as fibers; once a launch has finished without any thread reaching a
+/// barrier or a warp operation, the kernel's later launches run threads as plain calls (direct
+/// mode), thousands of times faster — and a barrier met there anyway is an error, not a
+/// silent race.
 inline std::string launch(void (*entry)(void **), dim3 grid, dim3 blk, void **args, bool reverse) {
     unsigned n = blk.x * blk.y * blk.z;
     if (n == 0 || n > 1024) return "block of " + std::to_string(n) + " threads (CUDA allows 1..1024)";
@@ -196,68 +277,28 @@ inline std::string launch(void (*entry)(void **), dim3 grid, dim3 blk, void **ar
         return "grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
                std::to_string(grid.z) + ") out of CUDA's limits";
     static thread_local Block b;
+    static thread_local std::vector<void (*)(void **)> barrier_free;
     b.grid = grid;
     b.block = blk;
     b.entry = entry;
     b.args = args;
     b.error.clear();
     b.fibers.resize(n);
-    unsigned warps = (n + kWarp - 1) / kWarp;
+    b.synced = false;
+    b.direct = false;
+    for (auto known : barrier_free) b.direct |= known == entry;
     Block *saved = g_block;
     g_block = &b;
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++) {
+    std::string error;
+    for (unsigned bz = 0; bz < grid.z && error.empty(); bz++)
+        for (unsigned by = 0; by < grid.y && error.empty(); by++)
+            for (unsigned bx = 0; bx < grid.x && error.empty(); bx++) {
                 b.block_idx = {bx, by, bz};
-                b.exited = 0;
-                b.barrier_arrived = 0;
-                b.warp_arrived.assign(warps, 0);
-                b.warp_generation.assign(warps, 0);
-                b.warp_mask.assign(warps, 0);
-                b.warp_values.assign(warps * kWarp, 0);
-                for (unsigned t = 0; t < n; t++) {
-                    Fiber &f = b.fibers[t];
-                    f.stack.resize(kStackBytes);
-                    f.linear = t;
-                    f.thread_idx = {t % blk.x, (t / blk.x) % blk.y, t / (blk.x * blk.y)};
-                    f.done = false;
-                    getcontext(&f.context);
-                    f.context.uc_stack.ss_sp = f.stack.data();
-                    f.context.uc_stack.ss_size = f.stack.size();
-                    f.context.uc_link = nullptr;
-                    makecontext(&f.context, (void (*)())fiber_main, 2, 0u, 0u);
-                }
-                // Round-robin until every thread is done; a round in which nothing moves is a
-                // deadlock (a barrier some threads never reach).
-                for (;;) {
-                    bool all_done = true;
-                    uint64_t before = b.barrier_generation;
-                    uint64_t warp_before = 0;
-                    for (uint64_t g : b.warp_generation) warp_before += g;
-                    unsigned exited_before = b.exited;
-                    for (unsigned k = 0; k < n; k++) {
-                        Fiber &f = b.fibers[reverse ? n - 1 - k : k];
-                        if (f.done) continue;
-                        b.current = &f;
-                        swapcontext(&b.scheduler, &f.context);
-                        if (!b.error.empty()) {
-                            g_block = saved;
-                            return b.error;
-                        }
-                        if (!f.done) all_done = false;
-                    }
-                    if (all_done) break;
-                    uint64_t warp_after = 0;
-                    for (uint64_t g : b.warp_generation) warp_after += g;
-                    if (b.barrier_generation == before && warp_after == warp_before &&
-                        b.exited == exited_before) {
-                        g_block = saved;
-                        return "deadlock: threads wait at a barrier that others never reach";
-                    }
-                }
+                error = b.direct ? run_direct(b, n, blk, reverse) : run_fibers(b, n, blk, reverse);
             }
     g_block = saved;
-    return "";
+    if (error.empty() && !b.direct && !b.synced) barrier_free.push_back(entry);
+    return error;
 }
 
 /// Calls kernel `f` with its parameters read from `args` (cuLaunchKernel's convention: one

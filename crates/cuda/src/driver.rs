@@ -99,8 +99,24 @@ pub struct DeviceInfo {
     /// "sm_90" for compute capability 9.0.
     pub arch: String,
     pub total_bytes: usize,
+    /// As nvidia-smi prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub uuid: String,
     pub driver_version: i32,
     pub driver_path: PathBuf,
+}
+
+/// 16 UUID bytes in nvidia-smi's form.
+fn format_uuid(b: &[u8; 16]) -> String {
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
 }
 
 /// A family's module on this device: each name expression's function.
@@ -169,6 +185,10 @@ impl CudaDriver {
             name: ctx.name().map_err(|e| fail("device name", e.0))?,
             arch: format!("sm_{major}{minor}"),
             total_bytes: ctx.total_mem().map_err(|e| fail("device memory", e.0))?,
+            uuid: ctx
+                .uuid()
+                .map(|u| format_uuid(&u.bytes.map(|b| b as u8)))
+                .unwrap_or_else(|e| format!("unknown ({e:?})")),
             driver_version,
             driver_path: driver_library()?.clone(),
         };
