@@ -5,6 +5,7 @@
 
 mod bench;
 mod data;
+mod gpu_check;
 mod imagenet;
 mod mutations;
 mod run;
@@ -40,6 +41,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// Build the self-contained GPU check pack (`--pack DIR`) for a machine with an NVIDIA GPU.
+    GpuCheck(gpu_check::GpuCheckArgs),
     /// Plant known bugs in copies of the CUDA kernels and check the host-emulated suite fails on
     /// each (also a phase of `test`).
     KernelMutations,
@@ -53,6 +56,7 @@ fn main() -> Result<()> {
         Command::Shards { args } => run::data_tool(&args, run::Profile::Release),
         Command::Bench(bench) => bench::run(bench),
         Command::Train(args) => train::run(args),
+        Command::GpuCheck(args) => gpu_check::run(args),
         Command::KernelMutations => mutations::run().map(|note| println!("{note}")),
     }
 }

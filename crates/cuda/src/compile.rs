@@ -54,8 +54,16 @@ impl From<Cubin> for Compiled {
     }
 }
 
-/// Writes `compiled` as `family`'s files for `arch` into `dir`.
-pub fn write(dir: &Path, family: &Family, arch: &str, compiled: &Compiled) -> std::io::Result<()> {
+/// Writes `compiled` as `family`'s files for `arch` into `dir` (the CUBIN gzipped when
+/// `gzip`: a pack's CUBINs shrink about sevenfold).
+pub fn write(
+    dir: &Path,
+    family: &Family,
+    arch: &str,
+    compiled: &Compiled,
+    gzip: bool,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
     std::fs::create_dir_all(dir)?;
     let stem = stem(family, arch);
     let symbols: String = compiled
@@ -64,10 +72,16 @@ pub fn write(dir: &Path, family: &Family, arch: &str, compiled: &Compiled) -> st
         .map(|(expr, lowered)| format!("{expr}\t{lowered}\n"))
         .collect();
     // Symbols last: a reader that finds them finds the CUBIN complete.
-    let cubin = dir.join(format!("{stem}.cubin"));
-    let partial = dir.join(format!("{stem}.cubin.{}", std::process::id()));
-    std::fs::write(&partial, &compiled.image)?;
-    std::fs::rename(&partial, cubin)?;
+    let (name, bytes) = if gzip {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(&compiled.image)?;
+        (format!("{stem}.cubin.gz"), encoder.finish()?)
+    } else {
+        (format!("{stem}.cubin"), compiled.image.clone())
+    };
+    let partial = dir.join(format!("{name}.{}", std::process::id()));
+    std::fs::write(&partial, bytes)?;
+    std::fs::rename(&partial, dir.join(name))?;
     let partial = dir.join(format!("{stem}.symbols.{}", std::process::id()));
     std::fs::write(&partial, symbols)?;
     std::fs::rename(partial, dir.join(format!("{stem}.symbols")))
@@ -77,7 +91,18 @@ pub fn write(dir: &Path, family: &Family, arch: &str, compiled: &Compiled) -> st
 pub fn read(dir: &Path, family: &Family, arch: &str) -> Option<Compiled> {
     let stem = stem(family, arch);
     let text = std::fs::read_to_string(dir.join(format!("{stem}.symbols"))).ok()?;
-    let image = std::fs::read(dir.join(format!("{stem}.cubin"))).ok()?;
+    let image = match std::fs::read(dir.join(format!("{stem}.cubin"))) {
+        Ok(image) => image,
+        Err(_) => {
+            use std::io::Read as _;
+            let gz = std::fs::read(dir.join(format!("{stem}.cubin.gz"))).ok()?;
+            let mut image = Vec::new();
+            flate2::read::GzDecoder::new(&gz[..])
+                .read_to_end(&mut image)
+                .ok()?;
+            image
+        }
+    };
     let symbols: Vec<(String, String)> = text
         .lines()
         .filter_map(|l| l.split_once('\t'))
@@ -145,7 +170,7 @@ pub fn load_or_compile<'a>(
     let compiled = Compiled::from(nvrtc.compile(family, HEADERS, arch)?);
     if let Some(dir) = &cache {
         // A cache that cannot be written only costs the next run a compile.
-        let _ = write(dir, family, arch, &compiled);
+        let _ = write(dir, family, arch, &compiled, false);
     }
     Ok((compiled, Origin::Compiled))
 }
@@ -164,7 +189,7 @@ pub fn prepare(nvrtc: &Nvrtc, dir: &Path, archs: &[&str]) -> Result<usize, Strin
             .map(|&(family, arch)| {
                 s.spawn(move || {
                     let compiled = Compiled::from(nvrtc.compile(family, HEADERS, arch)?);
-                    write(dir, family, arch, &compiled)
+                    write(dir, family, arch, &compiled, true)
                         .map_err(|e| format!("writing {}: {e}", dir.display()))
                 })
             })
@@ -198,8 +223,10 @@ mod tests {
                 .map(|e| (e.clone(), format!("_Z{}", e.len())))
                 .collect(),
         };
-        write(&dir, &family, "sm_90", &compiled).unwrap();
-        assert_eq!(read(&dir, &family, "sm_90"), Some(compiled));
+        write(&dir, &family, "sm_90", &compiled, false).unwrap();
+        assert_eq!(read(&dir, &family, "sm_90"), Some(compiled.clone()));
+        write(&dir, &family, "sm_80", &compiled, true).unwrap();
+        assert_eq!(read(&dir, &family, "sm_80"), Some(compiled), "gzipped");
         assert_eq!(read(&dir, &family, "sm_120"), None, "another architecture");
         let mut changed = family.clone();
         changed.source.text = "// edited\n";

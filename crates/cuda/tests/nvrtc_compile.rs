@@ -121,7 +121,7 @@ fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
             .find(|f| f.source.name == name)
             .expect("family");
         let compiled = compile::Compiled::from(result.expect("compiled"));
-        compile::write(&dir, family, arch, &compiled).expect("write");
+        compile::write(&dir, family, arch, &compiled, true).expect("write");
         assert_eq!(compile::read(&dir, family, arch).as_ref(), Some(&compiled));
     }
     let _ = std::fs::remove_dir_all(&dir);
