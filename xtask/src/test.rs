@@ -60,7 +60,7 @@ const HARDWARE_SUITES: &[HardwareSuite] = &[
     HardwareSuite {
         name: "cuda",
         kind: SuiteKind::Missing(
-            "the CUDA driver behind redline-cuda's Gpu trait is not written yet (its kernels run on the host emulator in `cargo test`)",
+            "the CUDA device suite is the GPU check pack: `cargo xtask gpu-check --pack DIR`, then DIR/run.sh on a machine with an NVIDIA GPU (the kernels run on the host emulator in `cargo test`)",
         ),
     },
 ];
