@@ -5,7 +5,9 @@
 // Each CUDA thread of a block becomes a fiber (ucontext) with its own stack and its own
 // threadIdx; a block's fibers run cooperatively on one OS thread, switching only at barriers,
 // and blocks run one after another. So:
-// - `__shared__` is a function-local static: one copy per block in flight (there is one).
+// - `__shared__` is a function-local thread_local static: one copy per block in flight (a
+//   block's fibers share their OS thread; launches on other threads, from other emulator
+//   instances in the same process, get their own).
 // - `__syncthreads()` is a real barrier: a fiber waits until every thread of its block arrives.
 //   A thread that exits while others wait, or waits while others exited, is an error (CUDA's
 //   "barrier in divergent code"), not a silent pass.
@@ -42,7 +44,7 @@
 #define __noinline__
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
-#define __shared__ static
+#define __shared__ static thread_local
 
 struct uint3 {
     unsigned x, y, z;

@@ -500,3 +500,26 @@ fn a_steady_state_training_step_copies_only_the_batch_and_the_loss() {
         "{memory_after}"
     );
 }
+
+/// Emulators in one process share the kernels' library: launches on other threads must not
+/// share a block's `__shared__` memory (they once did, and a reduction's partials mixed).
+#[test]
+fn emulators_on_several_threads_keep_their_shared_memory_apart() {
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let device = Device::new(Arc::new(CudaBackend::emulated().unwrap()));
+                let values: Vec<f32> = (0..4096).map(|i| ((i * (t + 3)) % 17) as f32).collect();
+                let want: f32 = values.iter().sum();
+                let x = Tensor::from_slice(&values, &[64, 64], &device).unwrap();
+                for _ in 0..20 {
+                    let got = x.sum(&[], false).unwrap().item().unwrap();
+                    assert_eq!(got, want as f64, "thread {t}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a reduction saw another thread's partials");
+    }
+}
