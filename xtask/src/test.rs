@@ -179,6 +179,17 @@ pub fn run(args: TestArgs) -> Result<()> {
             failed => failed,
         }
     });
+    // CUDA 13 bindings are the default build; the CUDA 12.8 ones must keep compiling too.
+    phase("cuda 12.8 bindings (check)", &mut || {
+        cargo_phase(run::cargo().args([
+            "check",
+            "--package",
+            "redline-cuda",
+            "--no-default-features",
+            "--features",
+            "cuda-12080",
+        ]))
+    });
     phase(
         "cuda kernels: mutations",
         &mut || match crate::mutations::run() {
