@@ -20,9 +20,13 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use redline_tensor::{Result, TensorError};
 
 use crate::compile;
+use crate::convolution::ConvPlan;
+use crate::cublaslt::{self, CublasLt};
+use crate::cudnn::Cudnn;
+use crate::gemm::GemmPlan;
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape};
 use crate::kernels;
-use crate::libs::{self, LibError};
+use crate::libs::{self, LibError, LibReport};
 use crate::nvrtc::Nvrtc;
 
 /// Why there is no CUDA device here: an ordinary answer, never a panic.
@@ -61,14 +65,7 @@ fn driver_library() -> Result<&'static PathBuf, Unavailable> {
 
 /// Runs a cudarc call that may panic on a missing library or symbol, as an error.
 fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, Unavailable> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
-        let why = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic inside cudarc".into());
-        Unavailable::Failed(format!("{what}: {why}"))
-    })
+    libs::catch_panic(what, f).map_err(Unavailable::Failed)
 }
 
 /// How many devices the driver sees (after `CUDA_VISIBLE_DEVICES`).
@@ -130,6 +127,37 @@ struct Module {
 unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
+/// What a user chooses about a device; [`DriverOptions::from_env`] reads the environment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverOptions {
+    /// Our GEMM and convolutions instead of cuBLASLt and cuDNN (`REDLINE_CUDA_OWN_KERNELS=1`):
+    /// to compare them, or to rule a library out.
+    pub own_kernels: bool,
+    /// Deterministic cuDNN algorithms only (`REDLINE_CUDA_DETERMINISTIC=1`, as
+    /// `torch.backends.cudnn.deterministic`); our kernels always are.
+    pub deterministic: bool,
+    /// Synchronise after every launch and name the op that failed (`REDLINE_CUDA_LAUNCH_BLOCKING=1`
+    /// or `CUDA_LAUNCH_BLOCKING=1`).
+    pub launch_blocking: bool,
+}
+
+impl DriverOptions {
+    pub fn from_env() -> Self {
+        let on = |var: &str| std::env::var(var).is_ok_and(|v| v == "1");
+        Self {
+            own_kernels: on("REDLINE_CUDA_OWN_KERNELS"),
+            deterministic: on("REDLINE_CUDA_DETERMINISTIC"),
+            launch_blocking: on("REDLINE_CUDA_LAUNCH_BLOCKING") || on("CUDA_LAUNCH_BLOCKING"),
+        }
+    }
+}
+
+/// cuBLASLt with the workspace it may use.
+struct Blas {
+    lt: CublasLt,
+    workspace: DevicePtr,
+}
+
 /// One CUDA device.
 pub struct CudaDriver {
     ctx: Arc<CudaContext>,
@@ -137,9 +165,13 @@ pub struct CudaDriver {
     info: DeviceInfo,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     nvrtc: OnceLock<Result<Nvrtc, String>>,
-    /// `REDLINE_CUDA_LAUNCH_BLOCKING=1` (CUDA_LAUNCH_BLOCKING's counterpart): synchronise after
-    /// every launch, so a failing kernel is named where it fails rather than at a later sync.
-    blocking: bool,
+    /// cuBLASLt and its workspace, loaded on the first GEMM (or why not).
+    blas: OnceLock<Result<Blas, String>>,
+    /// cuDNN, loaded on the first convolution (or why not), and its workspace (grown as plans
+    /// need; the lock is held while a call that uses it is enqueued).
+    dnn: OnceLock<Result<Cudnn, String>>,
+    dnn_workspace: Mutex<(DevicePtr, usize)>,
+    options: DriverOptions,
 }
 
 impl std::fmt::Debug for CudaDriver {
@@ -156,8 +188,13 @@ fn failed(device: &str, what: &str, e: impl std::fmt::Debug) -> TensorError {
 }
 
 impl CudaDriver {
-    /// Device `ordinal`: a context, a created stream, the device's description.
+    /// Device `ordinal` with the options the environment sets.
     pub fn new(ordinal: usize) -> Result<Self, Unavailable> {
+        Self::with_options(ordinal, DriverOptions::from_env())
+    }
+
+    /// Device `ordinal`: a context, a created stream, the device's description.
+    pub fn with_options(ordinal: usize, options: DriverOptions) -> Result<Self, Unavailable> {
         let count = device_count()?;
         if ordinal >= count {
             return Err(Unavailable::NoDevice(format!(
@@ -198,8 +235,10 @@ impl CudaDriver {
             info,
             modules: Mutex::new(HashMap::new()),
             nvrtc: OnceLock::new(),
-            blocking: std::env::var("REDLINE_CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1")
-                || std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1"),
+            blas: OnceLock::new(),
+            dnn: OnceLock::new(),
+            dnn_workspace: Mutex::new((DevicePtr(0), 0)),
+            options,
         })
     }
 
@@ -215,6 +254,50 @@ impl CudaDriver {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.error("binding the context", e))
+    }
+
+    /// cuBLASLt, loaded with its workspace on first use; an error says why it is not used.
+    fn blas(&self) -> Result<&Blas, String> {
+        self.blas
+            .get_or_init(|| {
+                if self.options.own_kernels {
+                    return Err("not used: REDLINE_CUDA_OWN_KERNELS=1".into());
+                }
+                self.bind().map_err(|e| e.to_string())?;
+                let lt = CublasLt::load()?;
+                let workspace = self
+                    .alloc(cublaslt::WORKSPACE_BYTES)
+                    .map_err(|e| format!("cuBLASLt workspace: {e}"))?;
+                Ok(Blas { lt, workspace })
+            })
+            .as_ref()
+            .map_err(|e| e.clone())
+    }
+
+    /// cuDNN on this device's stream, loaded on first use (after cuBLASLt, which some of its
+    /// engines call); an error says why it is not used.
+    fn dnn(&self) -> Result<&Cudnn, String> {
+        self.dnn
+            .get_or_init(|| {
+                if self.options.own_kernels {
+                    return Err("not used: REDLINE_CUDA_OWN_KERNELS=1".into());
+                }
+                let _ = self.blas();
+                self.bind().map_err(|e| e.to_string())?;
+                Cudnn::load(self.stream.cu_stream(), self.options.deterministic)
+            })
+            .as_ref()
+            .map_err(|e| e.clone())
+    }
+
+    /// After a library call: under `REDLINE_CUDA_LAUNCH_BLOCKING` wait, naming `what` on failure.
+    fn after(&self, what: &str) -> Result<()> {
+        if self.options.launch_blocking {
+            self.stream
+                .synchronize()
+                .map_err(|e| self.error(&format!("{what} failed"), e))?;
+        }
+        Ok(())
     }
 
     /// The module of the family that holds `kernel`, compiled for this device on first use.
@@ -319,12 +402,64 @@ impl Gpu for CudaDriver {
             )
         }
         .map_err(|e| self.error(kernel, e))?;
-        if self.blocking {
-            self.stream
-                .synchronize()
-                .map_err(|e| self.error(&format!("kernel {kernel} failed"), e))?;
+        self.after(&format!("kernel {kernel}"))
+    }
+
+    fn gemm(&self, plan: &GemmPlan, operands: [DevicePtr; 3]) -> Result<bool> {
+        let Ok(blas) = self.blas() else {
+            return Ok(false);
+        };
+        self.bind()?;
+        blas.lt
+            .gemm(plan, operands, blas.workspace, self.stream.cu_stream())
+            .map_err(|e| self.error("matmul", e))?;
+        self.after("cuBLASLt matmul")?;
+        Ok(true)
+    }
+
+    fn conv(&self, plan: &ConvPlan, operands: [DevicePtr; 3]) -> Result<bool> {
+        let Ok(dnn) = self.dnn() else {
+            return Ok(false);
+        };
+        // A plan cuDNN refuses runs on our kernels (the refusal is kept for the report).
+        let Ok(needed) = dnn.workspace_for(plan) else {
+            return Ok(false);
+        };
+        self.bind()?;
+        let mut workspace = self.dnn_workspace.lock().unwrap_or_else(|p| p.into_inner());
+        if workspace.1 < needed {
+            // Stream-ordered: the old block is freed after the calls already enqueued on it.
+            if workspace.1 > 0 {
+                self.free(workspace.0);
+            }
+            *workspace = (DevicePtr(0), 0);
+            let grown = needed.next_power_of_two();
+            *workspace = (self.alloc(grown)?, grown);
         }
-        Ok(())
+        dnn.run(plan, operands, workspace.0)
+            .map_err(|e| self.error("convolution", e))?;
+        drop(workspace);
+        self.after("cuDNN convolution")?;
+        Ok(true)
+    }
+
+    fn libraries(&self) -> Vec<(&'static str, std::result::Result<LibReport, String>)> {
+        let dnn = self.dnn().map(|d| {
+            let refused = d.refusals();
+            let mut report = d.report.clone();
+            if !refused.is_empty() {
+                report.version += &format!(
+                    " ({} plan(s) refused, on our kernels: {})",
+                    refused.len(),
+                    refused.join("; ")
+                );
+            }
+            report
+        });
+        vec![
+            ("cuBLASLt", self.blas().map(|b| b.lt.report.clone())),
+            ("cuDNN", dnn),
+        ]
     }
 
     fn synchronize(&self) -> Result<()> {

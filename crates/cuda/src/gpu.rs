@@ -8,6 +8,10 @@ use std::fmt;
 
 use redline_tensor::{Result, TensorError};
 
+use crate::convolution::ConvPlan;
+use crate::gemm::GemmPlan;
+use crate::libs::LibReport;
+
 /// An address in device memory (a host address on the emulator).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DevicePtr(pub u64);
@@ -58,6 +62,29 @@ pub trait Gpu: Send + Sync + fmt::Debug {
 
     /// Waits for every enqueued launch and copy.
     fn synchronize(&self) -> Result<()>;
+
+    /// Enqueues `plan` through the vendor BLAS (cuBLASLt) with each operand's first element at
+    /// `[a, b, d]` (BLAS's operands: see [`GemmPlan`]). `Ok(false)`: there is none here (the
+    /// emulator, or a library that could not be loaded — [`Gpu::libraries`] says why), so the
+    /// caller runs its own kernel.
+    fn gemm(&self, plan: &GemmPlan, operands: [DevicePtr; 3]) -> Result<bool> {
+        let _ = (plan, operands);
+        Ok(false)
+    }
+
+    /// Enqueues `plan` through cuDNN with cuDNN's `x`, `w` and `y` (first elements) at
+    /// `[x, w, y]`. `Ok(false)`: no cuDNN here, or it refused this plan — the caller runs its
+    /// own kernel ([`Gpu::libraries`] says why).
+    fn conv(&self, plan: &ConvPlan, operands: [DevicePtr; 3]) -> Result<bool> {
+        let _ = (plan, operands);
+        Ok(false)
+    }
+
+    /// The vendor libraries behind [`Gpu::gemm`] and the convolutions: each one's name and
+    /// either what was loaded or why it was not (loading is attempted here if it was not yet).
+    fn libraries(&self) -> Vec<(&'static str, std::result::Result<LibReport, String>)> {
+        Vec::new()
+    }
 
     /// Whether the caching allocator should ask for exactly the bytes requested instead of a
     /// size class: the emulator's guard bytes then sit right after each storage's last element.

@@ -9,15 +9,20 @@
 //! - NVRTC compiles every kernel for every target architecture to CUBIN and reports registers,
 //!   shared memory and spills ([`nvrtc`], `tests/nvrtc_compile.rs`).
 //!
-//! What runs today is the declared matrix of [`matrix`]: elementwise ops and reductions. The
-//! CUDA driver behind [`Gpu`] ([`driver::CudaDriver`]) is written and compiled but has not run on
-//! a GPU yet; cuBLASLt matmuls, cuDNN convolutions and the remaining op families come next
-//! (issue: the CUDA backend); until then the front end refuses their pairs with the clear
-//! `Unsupported` error.
+//! Every op of the declared matrix ([`matrix`]) runs on our kernels; on a GPU, matmul goes
+//! through cuBLASLt ([`gemm`] plans it, [`cublaslt`] runs it) and the convolutions through cuDNN
+//! ([`convolution`], [`cudnn`]) wherever the library loads and takes the layouts, with our
+//! kernels as the fallback. The CUDA driver behind [`Gpu`] ([`driver::CudaDriver`]) is compiled
+//! and its logic tested where it can be without a GPU; it has not yet run on one (the GPU check,
+//! `redline-gpu-check`, is the proof still to be run).
 
 pub mod compile;
+pub mod convolution;
+pub mod cublaslt;
+pub mod cudnn;
 pub mod driver;
 pub mod emulator;
+pub mod gemm;
 pub mod gpu;
 pub mod kernels;
 pub mod libs;

@@ -226,6 +226,85 @@ pub fn load_global(path: &Path) -> Result<libloading::Library, LibError> {
         })
 }
 
+/// A library the backend loaded: where from, and its version as the library reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibReport {
+    pub path: PathBuf,
+    pub version: String,
+}
+
+/// Finds `file` (exact name) and loads it for the process with RTLD_GLOBAL, so cudarc's later
+/// request for its SONAME returns this very file; kept loaded for the process's life.
+pub fn load_for_cudarc(file: &str) -> Result<LibReport, LibError> {
+    let path = find(file)?;
+    load_path_for_cudarc(&path)?;
+    Ok(LibReport {
+        path,
+        version: String::new(),
+    })
+}
+
+/// [`load_for_cudarc`] for a file already chosen.
+pub fn load_path_for_cudarc(path: &Path) -> Result<(), LibError> {
+    static KEPT: std::sync::Mutex<Vec<libloading::Library>> = std::sync::Mutex::new(Vec::new());
+    let lib = load_global(path)?;
+    KEPT.lock().unwrap_or_else(|p| p.into_inner()).push(lib);
+    Ok(())
+}
+
+/// Runs a cudarc call that may panic (a missing library or symbol) and turns the panic into
+/// an error naming `what`.
+pub fn catch_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let why = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic inside cudarc".into());
+        format!("{what}: {why}")
+    })
+}
+
+/// The files mapped into this process whose name starts with `prefix` (from /proc/self/maps).
+pub fn mapped_files(prefix: &str) -> Vec<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut files: Vec<PathBuf> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(PathBuf::from)
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// An error unless the only mapped file named `prefix*` is `chosen`: cudarc's own lookup tries
+/// the unversioned name first and could have mapped a second, different copy.
+pub fn check_single_copy(chosen: &Path, prefix: &str) -> Result<(), String> {
+    let chosen = chosen
+        .canonicalize()
+        .unwrap_or_else(|_| chosen.to_path_buf());
+    let others: Vec<String> = mapped_files(prefix)
+        .into_iter()
+        .filter(|p| p.canonicalize().unwrap_or_else(|_| p.clone()) != chosen)
+        .map(|p| p.display().to_string())
+        .collect();
+    if others.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} was loaded, but so were {} (remove the stray copy from the library path)",
+            chosen.display(),
+            others.join(", ")
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +325,21 @@ mod tests {
             dir.join("libnvrtc.so.13")
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn mapped_files_list_this_process_libraries_and_a_single_copy_passes() {
+        let libc = mapped_files("libc.so");
+        assert!(!libc.is_empty(), "libc is mapped in every process");
+        check_single_copy(&libc[0], "libc.so").expect("one libc");
+        let err = check_single_copy(Path::new("/elsewhere/libc.so.6"), "libc.so").unwrap_err();
+        assert!(err.contains("so were"), "{err}");
+    }
+
+    #[test]
+    fn a_panic_in_a_call_is_an_error_naming_it() {
+        let err = catch_panic("cudnnCreate", || -> i32 { panic!("Missing symbol x") }).unwrap_err();
+        assert_eq!(err, "cudnnCreate: Missing symbol x");
     }
 
     #[test]

@@ -190,13 +190,18 @@ pub fn compare(device: &Device, reference: &Device, case: &Case) -> Result<(), S
 /// Runs the whole suite on `device`: every op × dtype, against a fresh reference device.
 /// Never panics; see [`Report::assert_passed`].
 pub fn run_conformance(device: &Device, config: &SuiteConfig) -> Report {
+    run_conformance_on(device, config, &Op::all())
+}
+
+/// [`run_conformance`] over `ops` only (e.g. the ops a second code path of a backend serves).
+pub fn run_conformance_on(device: &Device, config: &SuiteConfig, ops: &[Op]) -> Report {
     let reference = Device::reference();
     let mut report = Report {
         device: device.name(),
         cells: Vec::new(),
         failures: Vec::new(),
     };
-    for op in Op::all() {
+    for &op in ops {
         for dtype in DType::ALL {
             let declared = device.backend().supports(op, dtype);
             let checkable = reference.backend().supports(op, dtype);

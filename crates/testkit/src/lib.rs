@@ -18,5 +18,5 @@ pub mod strategies;
 pub mod training;
 
 pub use case::{Case, Input, ViewKind};
-pub use conformance::{run_conformance, Report, SuiteConfig};
+pub use conformance::{run_conformance, run_conformance_on, Report, SuiteConfig};
 pub use gradcheck::{gradcheck, gradcheck_fn};

@@ -9,7 +9,10 @@
 //! 2. `conformance` — the conformance suite on CUDA over the declared matrix; it fails if any
 //!    declared (op, dtype) pair ran no case;
 //! 3. `amp` — the AMP training step next to the CPU backend, and the overflow skip;
-//! 4. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
+//! 4. `own-kernels` — matmul and the convolutions again on our own kernels instead of cuBLASLt
+//!    and cuDNN (both paths must be right), and cuDNN's deterministic mode giving the same bits
+//!    twice;
+//! 5. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
 //!    breakdown, the host copies and synchronisations of a steady-state step, memory.
 //!
 //! Without a GPU it says why in the JSON and exits non-zero, without a panic.
@@ -18,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use redline_cuda::driver::CudaDriver;
-use redline_cuda::{compile, kernels, CudaBackend};
-use redline_tensor::Device;
+use redline_cuda::driver::{CudaDriver, DriverOptions};
+use redline_cuda::{compile, kernels, CudaBackend, Gpu};
+use redline_tensor::{Backend, Conv2dParams, DType, Device, Layout, NnOp, Op, OtherOp, View};
 use serde_json::{json, Map, Value};
 
 /// What to run.
@@ -121,7 +124,7 @@ pub fn run(options: &Options) -> bool {
     let mut journal = Journal::new(&options.json);
     journal.flush();
     let started = Instant::now();
-    eprintln!("gpu-check: stage 1/4: device");
+    eprintln!("gpu-check: stage 1/5: device");
     let opened = if options.emulate {
         CudaBackend::emulated()
             .map(|b| {
@@ -161,7 +164,7 @@ pub fn run(options: &Options) -> bool {
                      n: usize,
                      name: &str,
                      f: &mut dyn FnMut() -> Result<Value, String>| {
-        eprintln!("gpu-check: stage {n}/4: {name}");
+        eprintln!("gpu-check: stage {n}/5: {name}");
         let t = Instant::now();
         let result = f();
         let seconds = t.elapsed().as_secs_f64();
@@ -173,15 +176,16 @@ pub fn run(options: &Options) -> bool {
         journal.stage(name, seconds, &result);
     };
     stage(&mut journal, 2, "conformance", &mut || {
-        conformance(&device, options.cases)
+        conformance(&device, options.cases, &Op::all())
     });
     stage(&mut journal, 3, "amp", &mut || {
         let cpu = redline_cpu::CpuBackend::device();
         redline_testkit::training::check_amp_step(&device, &cpu)
             .map(|()| json!("matches the CPU backend; overflow skipped"))
     });
+    stage(&mut journal, 4, "own-kernels", &mut || own_kernels(options));
     if options.steps > 0 {
-        stage(&mut journal, 4, "training", &mut || {
+        stage(&mut journal, 5, "training", &mut || {
             training(&backend, &device, options)
         });
     }
@@ -218,17 +222,112 @@ fn report_device(driver: &CudaDriver) -> Value {
         },
         "kernels": if packed { format!("ahead-of-time CUBINs for {} ({})", info.arch, aot.join(", ")) } else { "compiled by NVRTC at run time".to_string() },
         "nvrtc": nvrtc,
-        "libraries_not_used_yet": ["cuBLASLt", "cuDNN"],
+        "libraries": libraries(driver),
     })
 }
 
-fn conformance(device: &Device, cases: u32) -> Result<Value, String> {
-    let report = redline_testkit::run_conformance(
+/// Each vendor library: where it was loaded from and its version, or why it is not used.
+fn libraries(gpu: &dyn Gpu) -> Value {
+    let mut out = Map::new();
+    for (name, loaded) in gpu.libraries() {
+        let entry = match loaded {
+            Ok(r) => json!({"path": r.path.display().to_string(), "version": r.version}),
+            Err(e) => json!({"not_used": e}),
+        };
+        out.insert(name.into(), entry);
+    }
+    Value::Object(out)
+}
+
+/// The ops cuBLASLt and cuDNN serve, which also have our own kernels.
+fn library_ops() -> [Op; 4] {
+    [
+        Op::Other(OtherOp::Matmul),
+        Op::Nn(NnOp::Conv2d),
+        Op::Nn(NnOp::Conv2dInputGrad),
+        Op::Nn(NnOp::Conv2dWeightGrad),
+    ]
+}
+
+/// Stage 4: the library ops on our own kernels, then cuDNN's deterministic mode.
+fn own_kernels(options: &Options) -> Result<Value, String> {
+    let open = |own_kernels: bool, deterministic: bool| -> Result<CudaBackend, String> {
+        if options.emulate {
+            return CudaBackend::emulated().map_err(|e| e.to_string());
+        }
+        let chosen = DriverOptions {
+            own_kernels,
+            deterministic,
+            ..DriverOptions::from_env()
+        };
+        let driver = CudaDriver::with_options(0, chosen).map_err(|e| e.to_string())?;
+        Ok(CudaBackend::new(Arc::new(driver)))
+    };
+    let own = Device::new(Arc::new(open(true, false)?));
+    let conformance = conformance(&own, options.cases, &library_ops())?;
+    let deterministic = open(false, true)?;
+    let runs = [
+        weight_grad_bits(&deterministic, options.emulate)?,
+        weight_grad_bits(&deterministic, options.emulate)?,
+    ];
+    if runs[0] != runs[1] {
+        return Err("deterministic mode: two identical weight gradients differ".into());
+    }
+    Ok(json!({
+        "own_kernels": conformance,
+        "deterministic": "two bf16 weight gradients (a 3×3 convolution) are bit-identical",
+        "deterministic_libraries": libraries(&**deterministic.gpu()),
+    }))
+}
+
+/// A bf16 3×3 convolution's weight gradient on fixed random inputs, as bytes (`small` for
+/// the emulator).
+fn weight_grad_bits(backend: &CudaBackend, small: bool) -> Result<Vec<u8>, String> {
+    let err = |e: redline_tensor::TensorError| e.to_string();
+    let (n, c, h, k) = if small { (2, 4, 5, 4) } else { (8, 64, 28, 64) };
+    let x_layout = Layout::channels_last(&[n, c, h, h]).map_err(err)?;
+    let g_layout = Layout::channels_last(&[n, k, h, h]).map_err(err)?;
+    let x = backend
+        .random_uniform(DType::BF16, n * c * h * h, 1, 0)
+        .map_err(err)?;
+    let g = backend
+        .random_uniform(DType::BF16, n * k * h * h, 2, 0)
+        .map_err(err)?;
+    let p = Conv2dParams {
+        padding: [1, 1],
+        ..Conv2dParams::default()
+    };
+    let dw = backend
+        .conv2d_weight_grad(
+            View {
+                storage: &x,
+                layout: &x_layout,
+            },
+            View {
+                storage: &g,
+                layout: &g_layout,
+            },
+            &p,
+            &[k, c, 3, 3],
+        )
+        .map_err(err)?;
+    let dw_layout = Layout::contiguous(&[k, c, 3, 3]);
+    backend
+        .download(View {
+            storage: &dw,
+            layout: &dw_layout,
+        })
+        .map_err(err)
+}
+
+fn conformance(device: &Device, cases: u32, ops: &[Op]) -> Result<Value, String> {
+    let report = redline_testkit::run_conformance_on(
         device,
         &redline_testkit::SuiteConfig {
             cases,
             max_shrink_ms: 10_000,
         },
+        ops,
     );
     let matrix = report.matrix();
     eprintln!("{matrix}");
@@ -386,7 +485,7 @@ mod tests {
         let _ = std::fs::remove_file(&json);
     }
 
-    /// The device, conformance and AMP stages on the host emulator: the check's own code runs
+    /// The device, conformance, AMP and own-kernel stages on the host emulator: the check's own code runs
     /// in CI, and its JSON has what a GPU run's has. (The training stage is left out here: even
     /// ResNet-18 at 16 px takes the emulator minutes a step.)
     #[test]
@@ -411,7 +510,7 @@ mod tests {
             .iter()
             .map(|s| s["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["device", "conformance", "amp"]);
+        assert_eq!(names, ["device", "conformance", "amp", "own-kernels"]);
         assert!(doc["stages"][1]["detail"]["matrix"]
             .as_str()
             .unwrap()

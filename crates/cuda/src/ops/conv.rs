@@ -1,7 +1,9 @@
-//! Launchers of `kernels/conv.cu`: 2-d convolution and its input and weight gradients.
+//! 2-d convolution and its input and weight gradients: cuDNN through [`Gpu::conv`] where the
+//! GPU has it and it takes the layouts, else the direct kernels of `kernels/conv.cu`.
 
-use redline_tensor::{Conv2dParams, Layout, Result};
+use redline_tensor::{Conv2dParams, DType, Layout, Result};
 
+use crate::convolution::{ConvPlan, Direction};
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, Strided};
 use crate::kernels;
 use crate::ops::elementwise::Operand;
@@ -55,6 +57,21 @@ fn launch(
     gpu.launch(&name, linear_shape(n), &geometry(args, p))
 }
 
+/// Through cuDNN when the GPU has it and it takes the plan: `[x, w, y]` in cuDNN's roles.
+fn library(
+    gpu: &dyn Gpu,
+    direction: Direction,
+    [x, w, y]: [(&Layout, DevicePtr); 3],
+    dtype: DType,
+    p: &Conv2dParams,
+) -> Result<bool> {
+    let Some(plan) = ConvPlan::new(dtype, direction, x.0, w.0, y.0, p) else {
+        return Ok(false);
+    };
+    let first = |(l, ptr): (&Layout, DevicePtr)| ptr.offset(l.offset() * dtype.size());
+    gpu.conv(&plan, [first(x), first(w), first(y)])
+}
+
 pub fn conv2d(
     gpu: &dyn Gpu,
     x: &Operand,
@@ -62,6 +79,10 @@ pub fn conv2d(
     p: &Conv2dParams,
     out: &Operand,
 ) -> Result<()> {
+    let roles = [(x.layout, x.ptr), (w.layout, w.ptr), (out.layout, out.ptr)];
+    if library(gpu, Direction::Forward, roles, x.dtype, p)? {
+        return Ok(());
+    }
     launch(gpu, "conv2d", x, w, out.ptr, out.layout, p)
 }
 
@@ -72,6 +93,10 @@ pub fn input_grad(
     p: &Conv2dParams,
     out: &Operand,
 ) -> Result<()> {
+    let roles = [(out.layout, out.ptr), (w.layout, w.ptr), (g.layout, g.ptr)];
+    if library(gpu, Direction::InputGrad, roles, g.dtype, p)? {
+        return Ok(());
+    }
     launch(gpu, "conv2d_input_grad", g, w, out.ptr, out.layout, p)
 }
 
@@ -85,5 +110,9 @@ pub fn weight_grad(
     out: DevicePtr,
 ) -> Result<()> {
     let layout = Layout::contiguous(weight_shape);
+    let roles = [(x.layout, x.ptr), (&layout, out), (g.layout, g.ptr)];
+    if library(gpu, Direction::WeightGrad, roles, x.dtype, p)? {
+        return Ok(());
+    }
     launch(gpu, "conv2d_weight_grad", x, g, out, &layout, p)
 }

@@ -1,7 +1,9 @@
-//! Launcher of `kernels/matmul.cu`: batched, strided operands, a contiguous product.
+//! Matmul: cuBLASLt through [`Gpu::gemm`] where the GPU has it, else `kernels/matmul.cu`
+//! (batched, strided operands, a contiguous product).
 
 use redline_tensor::Result;
 
+use crate::gemm::GemmPlan;
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Strided};
 use crate::kernels;
 use crate::ops::elementwise::Operand;
@@ -18,6 +20,17 @@ pub fn matmul(gpu: &dyn Gpu, a: &Operand, b: &Operand, out: DevicePtr) -> Result
     let batch: usize = sa[..r - 2].iter().product();
     if batch == 0 || m == 0 || n == 0 {
         return Ok(());
+    }
+    // cuBLASLt where the GPU has it and can read the operands; our tiled kernel otherwise.
+    if k > 0 {
+        if let Some(plan) = GemmPlan::new(a.dtype, a.layout, b.layout) {
+            let size = a.dtype.size();
+            let first = |o: &Operand| o.ptr.offset(o.layout.offset() * size);
+            // BLAS's first operand is our b (the product is computed transposed).
+            if gpu.gemm(&plan, [first(b), first(a), out])? {
+                return Ok(());
+            }
+        }
     }
     let device = gpu.name();
     let batch_of = |o: &Operand| {

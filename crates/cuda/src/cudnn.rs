@@ -1,0 +1,422 @@
+//! cuDNN runs a [`ConvPlan`] on the driver's stream: the classic convolution API, one set of
+//! descriptors and one algorithm per plan, chosen once by cuDNN's heuristic (`_v7`) and cached.
+//!
+//! Math: f32 is true f32 (`CUDNN_FMA_MATH`; cuDNN's default would allow TF32), f16 and bf16
+//! use tensor cores and accumulate in f32. Deterministic mode (`REDLINE_CUDA_DETERMINISTIC=1`,
+//! as `torch.backends.cudnn.deterministic`) takes only algorithms cuDNN marks deterministic.
+//! A plan cuDNN refuses (no algorithm within the workspace cap, an unsupported combination) is
+//! remembered and runs on our own kernels; the reasons are in the device report.
+//!
+//! cuDNN 9 is split into sub-libraries that `libcudnn.so.9` opens by name; they are loaded from
+//! the same folder first (by absolute path), so the whole set comes from one place.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cudnn::{result, sys};
+use redline_tensor::DType;
+
+use crate::convolution::{ConvPlan, Direction, FilterFormat};
+use crate::gpu::DevicePtr;
+use crate::libs::{self, LibReport};
+
+/// The most workspace one convolution may ask for: algorithms that want more are skipped.
+pub const WORKSPACE_CAP: usize = 1 << 30;
+
+/// cuDNN 9's sub-libraries, in dependency order (each loads after what it links to).
+const PARTS: [&str; 7] = [
+    "libcudnn_graph.so.9",
+    "libcudnn_engines_precompiled.so.9",
+    "libcudnn_engines_runtime_compiled.so.9",
+    "libcudnn_heuristic.so.9",
+    "libcudnn_ops.so.9",
+    "libcudnn_cnn.so.9",
+    "libcudnn_adv.so.9",
+];
+
+/// The algorithm chosen for a plan, in its direction's enum.
+#[derive(Clone, Copy)]
+enum Algo {
+    Forward(sys::cudnnConvolutionFwdAlgo_t),
+    InputGrad(sys::cudnnConvolutionBwdDataAlgo_t),
+    WeightGrad(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+/// Descriptors, algorithm and workspace size for one plan, made once.
+struct Prepared {
+    x: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+    algo: Algo,
+    workspace: usize,
+}
+
+// SAFETY: descriptors are host objects, never changed after `prepare`.
+unsafe impl Send for Prepared {}
+unsafe impl Sync for Prepared {}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        // SAFETY: made in `prepare`, used by nothing once the plan is dropped.
+        unsafe {
+            let _ = result::destroy_tensor_descriptor(self.x);
+            let _ = result::destroy_tensor_descriptor(self.y);
+            let _ = result::destroy_filter_descriptor(self.w);
+            let _ = result::destroy_convolution_descriptor(self.conv);
+        }
+    }
+}
+
+/// The loaded library and its handle, bound to the driver's stream.
+pub struct Cudnn {
+    handle: sys::cudnnHandle_t,
+    pub report: LibReport,
+    deterministic: bool,
+    /// Each plan's descriptors, or why cuDNN refused it (then our kernels run it).
+    prepared: Mutex<HashMap<ConvPlan, Result<Arc<Prepared>, String>>>,
+}
+
+// SAFETY: the handle is used under the driver's stream order; the cache is behind a mutex.
+unsafe impl Send for Cudnn {}
+unsafe impl Sync for Cudnn {}
+
+fn status(what: &str, e: impl std::fmt::Debug) -> String {
+    format!("cuDNN {what}: {e:?}")
+}
+
+fn data_type(dtype: DType) -> Option<sys::cudnnDataType_t> {
+    match dtype {
+        DType::F32 => Some(sys::cudnnDataType_t::CUDNN_DATA_FLOAT),
+        DType::F16 => Some(sys::cudnnDataType_t::CUDNN_DATA_HALF),
+        DType::BF16 => Some(sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16),
+        _ => None,
+    }
+}
+
+/// What a candidate algorithm must satisfy: succeeded, fits the cap, deterministic when asked,
+/// and no TF32 for f32 data.
+fn acceptable(
+    dtype: DType,
+    deterministic: bool,
+    status: sys::cudnnStatus_t,
+    memory: usize,
+    determinism: sys::cudnnDeterminism_t,
+    math: sys::cudnnMathType_t,
+) -> bool {
+    status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+        && memory <= WORKSPACE_CAP
+        && (!deterministic || determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC)
+        && (dtype != DType::F32 || math == sys::cudnnMathType_t::CUDNN_FMA_MATH)
+}
+
+impl Cudnn {
+    /// Finds and loads cuDNN 9 (with its sub-libraries) and makes a handle on `stream` (the
+    /// driver's context must be current). An error is an ordinary answer: our kernels run.
+    pub fn load(
+        stream: cudarc::driver::sys::CUstream,
+        deterministic: bool,
+    ) -> Result<Self, String> {
+        let main = libs::find("libcudnn.so.9").map_err(|e| e.to_string())?;
+        let dir = main.parent().map(|d| d.to_path_buf()).unwrap_or_default();
+        for part in PARTS {
+            let path = dir.join(part);
+            if path.is_file() {
+                libs::load_path_for_cudarc(&path).map_err(|e| e.to_string())?;
+            }
+        }
+        libs::load_path_for_cudarc(&main).map_err(|e| e.to_string())?;
+        let handle = libs::catch_panic("cudnnCreate", result::create_handle)?
+            .map_err(|e| status("create", e))?;
+        // SAFETY: a handle just made; the stream belongs to the current context.
+        unsafe { result::set_stream(handle, stream as sys::cudaStream_t) }
+            .map_err(|e| status("set stream", e))?;
+        let v = result::get_version();
+        libs::check_single_copy(&main, "libcudnn.so")?;
+        Ok(Self {
+            handle,
+            report: LibReport {
+                path: main,
+                version: format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100),
+            },
+            deterministic,
+            prepared: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The plans cuDNN refused so far, with why (they run on our kernels).
+    pub fn refusals(&self) -> Vec<String> {
+        let cache = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .iter()
+            .filter_map(|(plan, r)| r.as_ref().err().map(|e| format!("{plan:?}: {e}")))
+            .collect()
+    }
+
+    /// The plan's descriptors and algorithm (made on first use), or why cuDNN refuses it.
+    fn prepared(&self, plan: &ConvPlan) -> Result<Arc<Prepared>, String> {
+        let mut cache = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .entry(*plan)
+            .or_insert_with(|| self.prepare(plan).map(Arc::new))
+            .clone()
+    }
+
+    fn prepare(&self, plan: &ConvPlan) -> Result<Prepared, String> {
+        let dt =
+            data_type(plan.dtype).ok_or_else(|| format!("no cuDNN type for {:?}", plan.dtype))?;
+        let tensor = |t: &crate::convolution::TensorDesc| -> Result<_, String> {
+            let d = result::create_tensor_descriptor().map_err(|e| status("tensor", e))?;
+            // SAFETY: a descriptor just made.
+            unsafe { result::set_tensor4d_descriptor_ex(d, dt, t.dims, t.strides) }
+                .map_err(|e| status(&format!("tensor {t:?}"), e))?;
+            Ok(d)
+        };
+        let x = tensor(&plan.x)?;
+        let y = tensor(&plan.y)?;
+        let w = result::create_filter_descriptor().map_err(|e| status("filter", e))?;
+        let format = match plan.w.format {
+            FilterFormat::Nchw => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+            FilterFormat::Nhwc => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+        };
+        let conv = result::create_convolution_descriptor().map_err(|e| status("convolution", e))?;
+        let math = if plan.dtype == DType::F32 {
+            sys::cudnnMathType_t::CUDNN_FMA_MATH
+        } else {
+            sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH
+        };
+        // SAFETY: descriptors just made; every value comes from the plan.
+        unsafe {
+            result::set_filter4d_descriptor(w, dt, format, plan.w.dims)
+                .map_err(|e| status(&format!("filter {:?}", plan.w), e))?;
+            result::set_convolution2d_descriptor(
+                conv,
+                plan.padding[0],
+                plan.padding[1],
+                plan.stride[0],
+                plan.stride[1],
+                plan.dilation[0],
+                plan.dilation[1],
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            )
+            .map_err(|e| status("convolution geometry", e))?;
+            result::set_convolution_group_count(conv, plan.groups)
+                .map_err(|e| status("groups", e))?;
+            result::set_convolution_math_type(conv, math).map_err(|e| status("math type", e))?;
+        }
+        let mut prepared = Prepared {
+            x,
+            w,
+            y,
+            conv,
+            algo: Algo::Forward(
+                sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+            ),
+            workspace: 0,
+        };
+        let (algo, math, workspace) = self.choose(plan, &prepared)?;
+        // SAFETY: the descriptor made above; the math type cuDNN reported for the algorithm.
+        unsafe { result::set_convolution_math_type(conv, math) }
+            .map_err(|e| status("math type", e))?;
+        prepared.algo = algo;
+        prepared.workspace = workspace;
+        Ok(prepared)
+    }
+
+    /// cuDNN's ranked candidates for the plan's direction; the first acceptable one.
+    fn choose(
+        &self,
+        plan: &ConvPlan,
+        p: &Prepared,
+    ) -> Result<(Algo, sys::cudnnMathType_t, usize), String> {
+        // The three directions' queries differ only in their types and arguments; their perf
+        // structs have the same fields.
+        macro_rules! ranked {
+            ($perf:ty, $n:literal, $get:path, [$($arg:expr),*], $what:literal, $algo:path) => {{
+                let mut perf = [std::mem::zeroed::<$perf>(); $n];
+                let mut count = 0;
+                $get($($arg,)* $n, &mut count, perf.as_mut_ptr()).map_err(|e| status($what, e))?;
+                perf[..count as usize]
+                    .iter()
+                    .map(|r| ($algo(r.algo), (r.status, r.memory, r.determinism, r.mathType)))
+                    .collect::<Vec<_>>()
+            }};
+        }
+        let h = self.handle;
+        // SAFETY: descriptors from `prepare`; each output array holds the requested count, and
+        // zeroed perf structs are valid (every enum has a 0 variant).
+        #[rustfmt::skip]
+        let ranked = unsafe {
+            match plan.direction {
+                Direction::Forward => ranked!(sys::cudnnConvolutionFwdAlgoPerf_t, 8,
+                    result::get_convolution_forward_algorithm, [h, p.x, p.w, p.conv, p.y],
+                    "forward algorithms", Algo::Forward),
+                Direction::InputGrad => ranked!(sys::cudnnConvolutionBwdDataAlgoPerf_t, 6,
+                    result::get_convolution_backward_data_algorithm, [h, p.w, p.y, p.conv, p.x],
+                    "input-gradient algorithms", Algo::InputGrad),
+                Direction::WeightGrad => ranked!(sys::cudnnConvolutionBwdFilterAlgoPerf_t, 7,
+                    result::get_convolution_backward_filter_algorithm, [h, p.x, p.y, p.conv, p.w],
+                    "weight-gradient algorithms", Algo::WeightGrad),
+            }
+        };
+        ranked
+            .into_iter()
+            .find(|&(_, (s, memory, det, math))| {
+                acceptable(plan.dtype, self.deterministic, s, memory, det, math)
+            })
+            .map(|(algo, (_, memory, _, math))| (algo, math, memory))
+            .ok_or_else(|| {
+                let kind = if self.deterministic {
+                    "deterministic "
+                } else {
+                    ""
+                };
+                format!("no {kind}algorithm within {} MiB", WORKSPACE_CAP >> 20)
+            })
+    }
+
+    /// The workspace the plan needs, or why cuDNN refuses the plan (our kernels run it then).
+    pub fn workspace_for(&self, plan: &ConvPlan) -> Result<usize, String> {
+        self.prepared(plan).map(|p| p.workspace)
+    }
+
+    /// Enqueues the plan with cuDNN's `x`, `w` and `y` at `[x, w, y]` (first elements) and a
+    /// workspace of at least [`Cudnn::workspace_for`] bytes.
+    pub fn run(
+        &self,
+        plan: &ConvPlan,
+        [x, w, y]: [DevicePtr; 3],
+        workspace: DevicePtr,
+    ) -> Result<(), String> {
+        let p = self.prepared(plan)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (one, zero) = (
+            (&alpha as *const f32).cast::<c_void>(),
+            (&beta as *const f32).cast::<c_void>(),
+        );
+        let ptr = |d: DevicePtr| d.0 as *mut c_void;
+        let ws = (ptr(workspace), p.workspace);
+        // SAFETY: descriptors from `prepare` describe the operands at these pointers (the
+        // launcher built the plan from their layouts); the workspace holds `p.workspace` bytes.
+        // Each call reads two operands and writes the third (alpha = 1, beta = 0).
+        #[rustfmt::skip]
+        let enqueued = unsafe {
+            let (h, c) = (self.handle, p.conv);
+            match p.algo {
+                Algo::Forward(a) => result::convolution_forward(
+                    h, one, p.x, ptr(x), p.w, ptr(w), c, a, ws.0, ws.1, zero, p.y, ptr(y)),
+                Algo::InputGrad(a) => result::convolution_backward_data(
+                    h, one, p.w, ptr(w), p.y, ptr(y), c, a, ws.0, ws.1, zero, p.x, ptr(x)),
+                Algo::WeightGrad(a) => result::convolution_backward_filter(
+                    h, one, p.x, ptr(x), p.y, ptr(y), c, a, ws.0, ws.1, zero, p.w, ptr(w)),
+            }
+        };
+        enqueued.map_err(|e| status(&format!("{:?} {plan:?}", plan.direction), e))
+    }
+}
+
+impl Drop for Cudnn {
+    fn drop(&mut self) {
+        self.prepared
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        // SAFETY: nothing uses the handle after this.
+        let _ = unsafe { result::destroy_handle(self.handle) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::{cudnnDeterminism_t as Det, cudnnMathType_t as Math, cudnnStatus_t as Status};
+
+    #[test]
+    fn f32_refuses_tf32_and_deterministic_mode_refuses_nondeterministic_algorithms() {
+        let ok = Status::CUDNN_STATUS_SUCCESS;
+        let det = Det::CUDNN_DETERMINISTIC;
+        let nondet = Det::CUDNN_NON_DETERMINISTIC;
+        assert!(acceptable(
+            DType::F32,
+            false,
+            ok,
+            0,
+            nondet,
+            Math::CUDNN_FMA_MATH
+        ));
+        assert!(!acceptable(
+            DType::F32,
+            false,
+            ok,
+            0,
+            det,
+            Math::CUDNN_TENSOR_OP_MATH
+        ));
+        assert!(!acceptable(
+            DType::F32,
+            false,
+            ok,
+            0,
+            det,
+            Math::CUDNN_DEFAULT_MATH
+        ));
+        assert!(acceptable(
+            DType::BF16,
+            false,
+            ok,
+            0,
+            nondet,
+            Math::CUDNN_TENSOR_OP_MATH
+        ));
+        assert!(!acceptable(
+            DType::BF16,
+            true,
+            ok,
+            0,
+            nondet,
+            Math::CUDNN_TENSOR_OP_MATH
+        ));
+        assert!(acceptable(
+            DType::F16,
+            true,
+            ok,
+            0,
+            det,
+            Math::CUDNN_DEFAULT_MATH
+        ));
+        assert!(!acceptable(
+            DType::F16,
+            false,
+            Status::CUDNN_STATUS_NOT_SUPPORTED,
+            0,
+            det,
+            Math::CUDNN_DEFAULT_MATH
+        ));
+        assert!(!acceptable(
+            DType::F16,
+            false,
+            ok,
+            WORKSPACE_CAP + 1,
+            det,
+            Math::CUDNN_DEFAULT_MATH
+        ));
+    }
+
+    /// Without cuDNN (CI) loading names the file and the folders; never a panic.
+    #[test]
+    fn loading_answers_without_panicking() {
+        if crate::driver::device_count().is_ok() {
+            println!("a driver is here; the GPU check covers cuDNN");
+            return;
+        }
+        match libs::find("libcudnn.so.9") {
+            Err(e) => assert!(e.to_string().contains("libcudnn.so.9 not found"), "{e}"),
+            Ok(path) => println!(
+                "cuDNN at {} (no device to make a handle on)",
+                path.display()
+            ),
+        }
+    }
+}
