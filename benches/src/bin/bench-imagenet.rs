@@ -97,6 +97,8 @@ fn run() -> Res<()> {
     let mut trainer = Trainer::new(Box::new(model), Box::new(adamw), config, device.clone())?;
     let loader_config = Config {
         workers,
+        // Pinned batch buffers where the device has them (CUDA): uploads without staging.
+        allocator: device.host_allocator(),
         ..Config::new(batch, res, true)
     };
     let mut loader = Loader::new(set.clone(), loader_config, Position::default())?;

@@ -17,7 +17,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use redline_tensor::{Result, TensorError};
+use redline_hostmem::HostAllocator;
+use redline_tensor::{Download, HostBytes, Result, TensorError};
 
 use crate::compile;
 use crate::convolution::ConvPlan;
@@ -28,6 +29,7 @@ use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape};
 use crate::kernels;
 use crate::libs::{self, LibError, LibReport};
 use crate::nvrtc::Nvrtc;
+use crate::stream::{Clock, InFlight, PinnedAllocator, Staging};
 
 /// Why there is no CUDA device here: an ordinary answer, never a panic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +174,9 @@ pub struct CudaDriver {
     dnn: OnceLock<Result<Cudnn, String>>,
     dnn_workspace: Mutex<(DevicePtr, usize)>,
     options: DriverOptions,
+    clock: Mutex<Clock>,
+    in_flight: InFlight,
+    staging: Staging,
 }
 
 impl std::fmt::Debug for CudaDriver {
@@ -229,6 +234,7 @@ impl CudaDriver {
             driver_version,
             driver_path: driver_library()?.clone(),
         };
+        let staging = Staging::new(ctx.clone());
         Ok(Self {
             ctx,
             stream,
@@ -239,6 +245,9 @@ impl CudaDriver {
             dnn: OnceLock::new(),
             dnn_workspace: Mutex::new((DevicePtr(0), 0)),
             options,
+            clock: Mutex::new(Clock::default()),
+            in_flight: InFlight::default(),
+            staging,
         })
     }
 
@@ -465,7 +474,56 @@ impl Gpu for CudaDriver {
     fn synchronize(&self) -> Result<()> {
         self.stream
             .synchronize()
-            .map_err(|e| self.error("synchronize", e))
+            .map_err(|e| self.error("synchronize", e))?;
+        self.in_flight.retire();
+        Ok(())
+    }
+
+    fn upload_owned(&self, dst: DevicePtr, bytes: HostBytes) -> Result<()> {
+        let pinned = matches!(&bytes, HostBytes::Pooled(buffer, _) if buffer.is_pinned());
+        if !pinned {
+            // From pageable memory the copy returns once the bytes are staged.
+            return self.upload(dst, &bytes);
+        }
+        self.bind()?;
+        // SAFETY: `dst` holds at least `bytes.len()` bytes; the pinned source is kept alive
+        // (below) until the copy's event has completed.
+        unsafe { result::memcpy_htod_async(dst.0, &bytes, self.stream.cu_stream()) }
+            .map_err(|e| self.error("upload", e))?;
+        self.in_flight
+            .keep(&self.stream, bytes)
+            .map_err(|e| self.error("upload event", e))
+    }
+
+    fn download_async(&self, src: DevicePtr, len: usize) -> Result<Download> {
+        self.bind()?;
+        let name = self.name();
+        let finish = self
+            .staging
+            .download(&self.stream, src.0, len)
+            .map_err(|e| self.error("download", e))?;
+        Ok(Download::pending(move || {
+            finish().map_err(|what| TensorError::Backend { device: name, what })
+        }))
+    }
+
+    fn record_clock(&self, slot: usize) -> Result<bool> {
+        self.bind()?;
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        clock
+            .record(&self.stream, slot)
+            .map_err(|e| self.error("timestamp", e))?;
+        Ok(true)
+    }
+
+    fn read_clock(&self, slots: &[usize]) -> Result<Vec<u64>> {
+        self.bind()?;
+        let clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        clock.read(slots).map_err(|e| self.error("timestamps", e))
+    }
+
+    fn host_allocator(&self) -> Option<Arc<dyn HostAllocator>> {
+        Some(Arc::new(PinnedAllocator::new(self.ctx.clone())))
     }
 }
 

@@ -73,6 +73,10 @@ pub struct Emulator {
     /// Serialises launches: a launch reads and writes memory any allocation may share.
     launching: Mutex<()>,
     launches: AtomicU64,
+    /// The timestamp slots: launches run when they are enqueued, so the host's clock at
+    /// recording time is the device's.
+    clock: Mutex<Vec<Option<u64>>>,
+    epoch: std::time::Instant,
 }
 
 impl std::fmt::Debug for Emulator {
@@ -249,6 +253,8 @@ impl Emulator {
             allocations: Mutex::new(HashMap::new()),
             launching: Mutex::new(()),
             launches: AtomicU64::new(0),
+            clock: Mutex::new(vec![None; redline_tensor::TIMESTAMP_SLOTS as usize]),
+            epoch: std::time::Instant::now(),
         })
     }
 
@@ -370,6 +376,29 @@ impl Gpu for Emulator {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn record_clock(&self, slot: usize) -> Result<bool> {
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = clock
+            .get_mut(slot)
+            .ok_or_else(|| error(format!("timestamp slot {slot} is out of range")))?;
+        *entry = Some(self.epoch.elapsed().as_nanos() as u64);
+        Ok(true)
+    }
+
+    fn read_clock(&self, slots: &[usize]) -> Result<Vec<u64>> {
+        let clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .iter()
+            .map(|&s| {
+                clock
+                    .get(s)
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| error(format!("timestamp slot {s} was never recorded")))
+            })
+            .collect()
     }
 
     fn exact_sizes(&self) -> bool {

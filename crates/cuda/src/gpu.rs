@@ -6,7 +6,10 @@
 use std::ffi::c_void;
 use std::fmt;
 
-use redline_tensor::{Result, TensorError};
+use std::sync::Arc;
+
+use redline_hostmem::HostAllocator;
+use redline_tensor::{Download, HostBytes, Result, TensorError};
 
 use crate::convolution::ConvPlan;
 use crate::gemm::GemmPlan;
@@ -56,6 +59,46 @@ pub trait Gpu: Send + Sync + fmt::Debug {
 
     /// Copies `out.len()` bytes from `src`, after every enqueued launch has finished.
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> Result<()>;
+
+    /// Copies `bytes` (which the GPU now owns) to `dst`. A pinned pooled buffer is copied
+    /// asynchronously and returns to its pool only once its copy has completed; the default
+    /// copies as [`Gpu::upload`] does and drops the buffer at once.
+    fn upload_owned(&self, dst: DevicePtr, bytes: HostBytes) -> Result<()> {
+        self.upload(dst, &bytes)
+    }
+
+    /// Starts copying `len` bytes from `src` after every enqueued launch; the returned
+    /// [`Download`] waits for them. The default copies at once.
+    fn download_async(&self, src: DevicePtr, len: usize) -> Result<Download> {
+        let mut bytes = vec![0u8; len];
+        self.download(src, &mut bytes)?;
+        Ok(Download::ready(bytes))
+    }
+
+    /// Records the device's clock into timestamp slot `slot` (below [`TIMESTAMP_SLOTS`]) once
+    /// every launch enqueued before has finished. `Ok(false)`: this GPU has no clock.
+    ///
+    /// [`TIMESTAMP_SLOTS`]: redline_tensor::TIMESTAMP_SLOTS
+    fn record_clock(&self, slot: usize) -> Result<bool> {
+        let _ = slot;
+        Ok(false)
+    }
+
+    /// The readings of `slots` in nanoseconds on the device's clock, waiting for them.
+    fn read_clock(&self, slots: &[usize]) -> Result<Vec<u64>> {
+        if slots.is_empty() {
+            return Ok(Vec::new());
+        }
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "this GPU takes no timestamps".into(),
+        })
+    }
+
+    /// Page-locked host memory for loader pools, where the GPU has it.
+    fn host_allocator(&self) -> Option<Arc<dyn HostAllocator>> {
+        None
+    }
 
     /// Enqueues kernel `kernel` (its name expression, e.g. `unary<float, UnaryOp::Exp>`).
     fn launch(&self, kernel: &str, shape: LaunchShape, args: &KernelArgs) -> Result<()>;

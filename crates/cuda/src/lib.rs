@@ -30,14 +30,16 @@ pub mod matrix;
 pub mod memory;
 pub mod nvrtc;
 mod ops;
+pub mod stream;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, DType, HostBytes, Layout, Op,
-    Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage, TensorError, UnaryOp, View,
+    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, DType, Download, HostBytes, Layout,
+    Op, Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage, TensorError, Timestamp,
+    UnaryOp, View, TIMESTAMP_SLOTS,
 };
 
 pub use emulator::Emulator;
@@ -53,6 +55,8 @@ pub struct CudaBackend {
     gpu: Arc<dyn Gpu>,
     memory: Arc<MemoryPool>,
     transfers: Counters,
+    /// The next timestamp slot (modulo TIMESTAMP_SLOTS).
+    next_timestamp: std::sync::atomic::AtomicU32,
     id: usize,
 }
 
@@ -91,6 +95,7 @@ impl CudaBackend {
         Self {
             memory: Arc::new(MemoryPool::new(gpu.clone(), cap)),
             transfers: Counters::default(),
+            next_timestamp: Default::default(),
             gpu,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed) | (3 << 48),
         }
@@ -225,10 +230,15 @@ impl Backend for CudaBackend {
 
     fn upload(&self, dtype: DType, bytes: HostBytes) -> Result<Storage> {
         let len = bytes.len() / dtype.size();
+        if bytes.len() != len * dtype.size() {
+            return Err(TensorError::Shape(format!(
+                "an upload of {} bytes is not a whole number of {dtype} elements",
+                bytes.len()
+            )));
+        }
         let out = self.alloc(dtype, len)?;
         self.transfers.uploads.fetch_add(1, Ordering::Relaxed);
-        self.gpu
-            .upload(self.buffer(&out)?.ptr, &bytes[..len * dtype.size()])?;
+        self.gpu.upload_owned(self.buffer(&out)?.ptr, bytes)?;
         Ok(out)
     }
 
@@ -249,6 +259,40 @@ impl Backend for CudaBackend {
             self.gpu.download(self.buffer(&tmp)?.ptr, &mut bytes)?;
         }
         Ok(bytes)
+    }
+
+    fn download_async(&self, x: View<'_>) -> Result<Download> {
+        let size = x.dtype().size();
+        let len = x.layout.numel() * size;
+        if len == 0 {
+            return Ok(Download::ready(Vec::new()));
+        }
+        self.transfers.downloads.fetch_add(1, Ordering::Relaxed);
+        if x.layout.is_contiguous() {
+            let at = self.buffer(x.storage)?.ptr.offset(x.layout.offset() * size);
+            return self.gpu.download_async(at, len);
+        }
+        // Gathered on the device first; the temporary is freed in stream order, after the copy.
+        let dense = Layout::contiguous(x.layout.shape());
+        let tmp = self.convert(x, x.dtype(), &dense)?;
+        self.gpu.download_async(self.buffer(&tmp)?.ptr, len)
+    }
+
+    fn timestamp(&self) -> Result<Option<Timestamp>> {
+        let slot = self.next_timestamp.fetch_add(1, Ordering::Relaxed) % TIMESTAMP_SLOTS;
+        Ok(self
+            .gpu
+            .record_clock(slot as usize)?
+            .then_some(Timestamp(slot)))
+    }
+
+    fn read_timestamps(&self, stamps: &[Timestamp]) -> Result<Vec<u64>> {
+        let slots: Vec<usize> = stamps.iter().map(|s| s.0 as usize).collect();
+        self.gpu.read_clock(&slots)
+    }
+
+    fn host_allocator(&self) -> Option<Arc<dyn redline_hostmem::HostAllocator>> {
+        self.gpu.host_allocator()
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -501,6 +501,30 @@ fn a_steady_state_training_step_copies_only_the_batch_and_the_loss() {
     );
 }
 
+/// Timestamps (events on a GPU; the host clock at recording time on the emulator, whose
+/// launches run when enqueued) follow the shared clock contract.
+#[test]
+fn timestamps_are_taken_in_queue_order_and_bracket_the_work_between_them() {
+    redline_testkit::timing::check_timestamps(&device()).unwrap();
+}
+
+/// An asynchronous download sees the ops enqueued before it, of strided views too.
+#[test]
+fn an_asynchronous_download_returns_what_a_synchronous_one_does() {
+    let device = device();
+    let x = Tensor::from_slice(&ramp(35, 0.5), &[5, 7], &device).unwrap();
+    let y = x.exp().unwrap().transpose(0, 1).unwrap();
+    let pending = device.backend().download_async(y.view()).unwrap();
+    let want = y.to_vec::<f32>().unwrap();
+    let got: Vec<f32> = pending
+        .wait()
+        .unwrap()
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(got, want);
+}
+
 /// Emulators in one process share the kernels' library: launches on other threads must not
 /// share a block's `__shared__` memory (they once did, and a reduction's partials mixed).
 #[test]

@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use redline_hostmem::{BufferPool, PooledBuffer};
+use redline_hostmem::{BufferPool, HostAllocator, PooledBuffer};
 use redline_shard::ShardSet;
 
 use crate::augment::{eval_geometry, train_params};
@@ -58,6 +58,10 @@ pub struct Config {
     pub on_bad_sample: OnBadSample,
     /// The JPEG codec (default: the fastest built in, [`Codec::best`]).
     pub codec: Codec,
+    /// Where batch buffers come from: a device's pinned allocator (`Device::host_allocator`
+    /// in redline-tensor) lets batches upload without a staging copy; `None`, page-aligned
+    /// memory.
+    pub allocator: Option<Arc<dyn HostAllocator>>,
 }
 
 impl Config {
@@ -80,6 +84,7 @@ impl Config {
             drop_last: train,
             on_bad_sample: OnBadSample::Fail,
             codec: Codec::best(),
+            allocator: None,
         }
     }
 }
@@ -227,8 +232,12 @@ impl Loader {
         let buffers = config.prefetch + 2;
         // At most `prefetch` batches are in flight, so this never grows.
         let pending = VecDeque::with_capacity(config.prefetch + 1);
-        let pool = BufferPool::page_aligned(buffers, config.batch * (sample + 8))
-            .map_err(|e| LoaderError::Config(e.to_string()))?;
+        let buffer_len = config.batch * (sample + 8);
+        let pool = match &config.allocator {
+            Some(allocator) => BufferPool::new(buffers, buffer_len, allocator.clone()),
+            None => BufferPool::page_aligned(buffers, buffer_len),
+        }
+        .map_err(|e| LoaderError::Config(e.to_string()))?;
         let (jobs, job_rx) = bounded::<Job>(config.prefetch);
         let (result_tx, results) = bounded(config.prefetch + config.workers);
         let decodes = Arc::new(AtomicU64::new(0));

@@ -215,3 +215,56 @@ fn codecs_agree_on_every_batch() {
         }
     }
 }
+
+/// An allocator that counts what it hands out (page-aligned memory underneath).
+#[derive(Debug, Default)]
+struct Counting {
+    allocated: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: delegates to PageAligned, which meets the contract.
+unsafe impl redline_hostmem::HostAllocator for Counting {
+    fn name(&self) -> &str {
+        "counting"
+    }
+    fn is_pinned(&self) -> bool {
+        true
+    }
+    fn allocate(&self, len: usize) -> Result<std::ptr::NonNull<u8>, redline_hostmem::HostMemError> {
+        self.allocated
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        redline_hostmem::PageAligned.allocate(len)
+    }
+    unsafe fn deallocate(&self, ptr: std::ptr::NonNull<u8>, len: usize) {
+        unsafe { redline_hostmem::PageAligned.deallocate(ptr, len) }
+    }
+}
+
+/// A device's allocator (pinned memory on CUDA) backs every batch buffer, and the batches are
+/// the same as from page-aligned memory.
+#[test]
+fn batches_land_in_buffers_from_the_configured_allocator() {
+    let (_dir, set) = shard_set(24, &[]);
+    let counting = Arc::new(Counting::default());
+    let mut pinned = config(2, true);
+    pinned.allocator = Some(counting.clone());
+    let with = Loader::new(set.clone(), pinned, Position::default()).unwrap();
+    let mut batches = with.take(4).map(|b| b.unwrap()).collect::<Vec<_>>();
+    assert!(
+        counting
+            .allocated
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    let first = batches.remove(0);
+    let pixels = first.images().to_vec();
+    assert!(
+        first.into_buffer().is_pinned(),
+        "the batch's buffer is the allocator's"
+    );
+    let plain = run(
+        Loader::new(set, config(2, true), Position::default()).unwrap(),
+        1,
+    );
+    assert_eq!(plain[0].2, pixels);
+}

@@ -26,8 +26,9 @@
 use std::any::Any;
 use std::fmt;
 use std::ops::Deref;
+use std::sync::Arc;
 
-use redline_hostmem::PooledBuffer;
+use redline_hostmem::{HostAllocator, PooledBuffer};
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
@@ -475,6 +476,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
             device: self.name(),
             what: "this device takes no timestamps".into(),
         })
+    }
+
+    /// The host allocator loader pools should use so batches upload without a staging copy
+    /// (page-locked memory on CUDA, DESIGN contract 7); `None`: the default page-aligned one.
+    fn host_allocator(&self) -> Option<Arc<dyn HostAllocator>> {
+        None
     }
 
     // --- op families --------------------------------------------------------------------

@@ -57,6 +57,11 @@ impl Device {
     pub fn read_timestamps(&self, stamps: &[Timestamp]) -> Result<Vec<u64>> {
         self.0.read_timestamps(stamps)
     }
+
+    /// The host allocator for loader pools feeding this device ([`Backend::host_allocator`]).
+    pub fn host_allocator(&self) -> Option<std::sync::Arc<dyn redline_hostmem::HostAllocator>> {
+        self.0.host_allocator()
+    }
 }
 
 impl PartialEq for Device {

@@ -9,12 +9,14 @@
 //!   undeclared pairs must be refused, invalid inputs must be errors. It prints the matrix.
 //! * [`broken`] — a deliberately broken backend, to show the suite can fail.
 //! * [`training`] — a tiny CNN and one AMP training step of it, for comparing backends.
+//! * [`timing`] — the device-clock contract (timestamps in queue order around the work).
 
 pub mod broken;
 pub mod case;
 pub mod conformance;
 pub mod gradcheck;
 pub mod strategies;
+pub mod timing;
 pub mod training;
 
 pub use case::{Case, Input, ViewKind};

@@ -388,6 +388,7 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let loader_config = Config {
         workers: cores,
+        allocator: device.host_allocator(),
         ..Config::new(options.batch, options.res, true)
     };
     let mut loader = Loader::new(set, loader_config, Default::default()).map_err(|e| err(&e))?;

@@ -104,6 +104,7 @@ fn run() -> Res<()> {
     let loader_config = |res: usize, train: bool| Config {
         workers,
         seed,
+        allocator: device.host_allocator(),
         ..Config::new(batch, res, train)
     };
     let per_epoch = Loader::new(train.clone(), loader_config(res, true), Position::default())?

@@ -1,0 +1,247 @@
+//! Events on the driver's stream, so the host never waits for more than it needs:
+//! - [`Clock`]: the timestamp ring (a timing event per slot, read relative to one another);
+//! - [`InFlight`]: uploads from pinned memory, each buffer kept until its copy's event has
+//!   completed (then it returns to its pool — DESIGN contract 7: an event, not a synchronize);
+//! - [`Staging`]: pinned buffers that asynchronous downloads land in.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use redline_hostmem::{HostAllocator, HostMemError};
+use redline_tensor::{HostBytes, TIMESTAMP_SLOTS};
+
+fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, DriverError> {
+    ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+}
+
+/// [`TIMESTAMP_SLOTS`] timing events, recorded on the stream on request.
+pub struct Clock {
+    /// Recorded with the first timestamp: readings are nanoseconds since it.
+    base: Option<CudaEvent>,
+    slots: Vec<Option<CudaEvent>>,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self {
+            base: None,
+            slots: (0..TIMESTAMP_SLOTS).map(|_| None).collect(),
+        }
+    }
+}
+
+impl Clock {
+    /// Records slot `slot`'s event behind everything enqueued on `stream` so far.
+    pub fn record(&mut self, stream: &Arc<CudaStream>, slot: usize) -> Result<(), DriverError> {
+        let ctx = stream.context();
+        if self.base.is_none() {
+            let base = timing_event(ctx)?;
+            base.record(stream)?;
+            self.base = Some(base);
+        }
+        let event = match self.slots.get_mut(slot) {
+            Some(Some(e)) => e,
+            Some(empty) => empty.insert(timing_event(ctx)?),
+            None => return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)),
+        };
+        event.record(stream)
+    }
+
+    /// The readings of `slots` in nanoseconds, waiting for each. The first slot is placed on
+    /// the clock since the base event and the others relative to it, so differences within
+    /// one call keep the events' resolution (~0.5 µs) however long the run has been.
+    pub fn read(&self, slots: &[usize]) -> Result<Vec<u64>, String> {
+        let event = |slot: usize| {
+            self.slots
+                .get(slot)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| format!("timestamp slot {slot} was never recorded"))
+        };
+        let (Some(&first), Some(base)) = (slots.first(), self.base.as_ref()) else {
+            return Ok(Vec::new());
+        };
+        let anchor = event(first)?;
+        let ms = |from: &CudaEvent, to: &CudaEvent| {
+            from.elapsed_ms(to)
+                .map(f64::from)
+                .map_err(|e| format!("reading a timestamp: {e:?}"))
+        };
+        let anchor_ns = ms(base, anchor)? * 1e6;
+        slots
+            .iter()
+            .map(|&s| Ok((anchor_ns + ms(anchor, event(s)?)? * 1e6).max(0.0) as u64))
+            .collect()
+    }
+}
+
+/// Uploads whose source buffers must outlive their copies.
+#[derive(Default)]
+pub struct InFlight {
+    copies: Mutex<Vec<(CudaEvent, HostBytes)>>,
+    /// Events of retired copies, reused.
+    spare: Mutex<Vec<CudaEvent>>,
+}
+
+impl InFlight {
+    /// Keeps `bytes` until everything enqueued on `stream` so far (its copy included) is done.
+    pub fn keep(&self, stream: &Arc<CudaStream>, bytes: HostBytes) -> Result<(), DriverError> {
+        self.retire();
+        let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let event = match spare {
+            Some(e) => e,
+            None => stream
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+        };
+        event.record(stream)?;
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        copies.push((event, bytes));
+        Ok(())
+    }
+
+    /// Drops (returns to their pools) the buffers whose copies have completed.
+    pub fn retire(&self) {
+        let done: Vec<(CudaEvent, HostBytes)> = {
+            let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+            let (done, pending) = std::mem::take(&mut *copies)
+                .into_iter()
+                .partition(|(e, _)| e.is_complete());
+            *copies = pending;
+            done
+        };
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        spare.extend(done.into_iter().map(|(e, _bytes)| e));
+    }
+}
+
+/// Page-locked host memory from the driver (`cuMemHostAlloc`, portable across contexts): the
+/// `redline-hostmem` allocator a loader's pool uses on CUDA, so batches upload asynchronously.
+#[derive(Debug)]
+pub struct PinnedAllocator {
+    ctx: Arc<CudaContext>,
+}
+
+impl PinnedAllocator {
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        Self { ctx }
+    }
+}
+
+// SAFETY: cuMemHostAlloc returns page-aligned memory valid for `len` bytes, zeroed below, owned
+// by the caller until cuMemFreeHost; the driver's host allocations may be used from any thread.
+unsafe impl HostAllocator for PinnedAllocator {
+    fn name(&self) -> &str {
+        "cuda-pinned"
+    }
+
+    fn is_pinned(&self) -> bool {
+        true
+    }
+
+    fn allocate(&self, len: usize) -> Result<std::ptr::NonNull<u8>, HostMemError> {
+        let oom = |reason: String| HostMemError::OutOfMemory {
+            allocator: self.name().into(),
+            bytes: len,
+            reason,
+        };
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| oom(format!("binding the context: {e:?}")))?;
+        // SAFETY: a host allocation of at least one byte.
+        let ptr = unsafe { result::malloc_host(len.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) }
+            .map_err(|e| oom(format!("cuMemHostAlloc: {e:?}")))?;
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| oom("cuMemHostAlloc returned null".into()))?;
+        // SAFETY: `len` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate(&self, ptr: std::ptr::NonNull<u8>, _len: usize) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the caller passes memory from `allocate`, unused from now on.
+            let _ = unsafe { result::free_host(ptr.as_ptr().cast()) };
+        }
+    }
+}
+
+/// A pinned buffer for one asynchronous download.
+struct StagingBuffer {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain host memory, owned by one download at a time.
+unsafe impl Send for StagingBuffer {}
+
+/// Pinned buffers for asynchronous downloads, reused (a step reads back a loss of a few bytes;
+/// cuMemHostAlloc per read would cost more than the copy).
+pub struct Staging {
+    allocator: PinnedAllocator,
+    free: Arc<Mutex<Vec<StagingBuffer>>>,
+}
+
+impl Staging {
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        Self {
+            allocator: PinnedAllocator::new(ctx),
+            free: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Enqueues a copy of `len` bytes at `src` into a pinned buffer and returns the function
+    /// that waits for it and hands the bytes over.
+    pub fn download(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: sys::CUdeviceptr,
+        len: usize,
+    ) -> Result<impl FnOnce() -> Result<Vec<u8>, String> + Send + 'static, String> {
+        let taken = {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            free.iter()
+                .position(|b| b.len >= len)
+                .map(|i| free.swap_remove(i))
+        };
+        let buffer = match taken {
+            Some(b) => b,
+            None => {
+                let len = len.max(4096);
+                let ptr = self.allocator.allocate(len).map_err(|e| e.to_string())?;
+                StagingBuffer { ptr, len }
+            }
+        };
+        // SAFETY: the buffer holds at least `len` bytes and stays untouched until the event
+        // below has completed (the closure waits for it before reading).
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(buffer.ptr.as_ptr(), len);
+            result::memcpy_dtoh_async(dst, src, stream.cu_stream())
+        }
+        .map_err(|e| format!("download: {e:?}"))?;
+        let event = stream
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .and_then(|e| e.record(stream).map(|()| e))
+            .map_err(|e| format!("download event: {e:?}"))?;
+        let free = self.free.clone();
+        Ok(move || {
+            event
+                .synchronize()
+                .map_err(|e| format!("waiting for a download: {e:?}"))?;
+            // SAFETY: the copy into the buffer has completed.
+            let bytes = unsafe { std::slice::from_raw_parts(buffer.ptr.as_ptr(), len) }.to_vec();
+            free.lock().unwrap_or_else(|p| p.into_inner()).push(buffer);
+            Ok(bytes)
+        })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let buffers = std::mem::take(&mut *self.free.lock().unwrap_or_else(|p| p.into_inner()));
+        for b in buffers {
+            // SAFETY: allocated by this allocator; no download holds it (it is in the free list).
+            unsafe { self.allocator.deallocate(b.ptr, b.len) };
+        }
+    }
+}
