@@ -29,6 +29,7 @@ pub mod libs;
 pub mod matrix;
 pub mod memory;
 pub mod nvrtc;
+pub mod nvtx;
 mod ops;
 pub mod stream;
 
@@ -37,9 +38,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    stats_dtype, AdamWParams, Backend, BinaryOp, Conv2dParams, DType, Download, HostBytes, Layout,
-    Op, Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage, TensorError, Timestamp,
-    UnaryOp, View, TIMESTAMP_SLOTS,
+    stats_dtype, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams, DType, Download,
+    HostBytes, Layout, Op, Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage,
+    TensorError, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
 };
 
 pub use emulator::Emulator;
@@ -223,12 +224,14 @@ impl Backend for CudaBackend {
     }
 
     fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<Storage> {
+        let _range = nvtx::range("fill");
         let out = self.alloc(dtype, len)?;
         elementwise::fill(&*self.gpu, dtype, self.buffer(&out)?.ptr, len, value)?;
         Ok(out)
     }
 
     fn upload(&self, dtype: DType, bytes: HostBytes) -> Result<Storage> {
+        let _range = nvtx::range("upload");
         let len = bytes.len() / dtype.size();
         if bytes.len() != len * dtype.size() {
             return Err(TensorError::Shape(format!(
@@ -243,6 +246,7 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
+        let _range = nvtx::range("download");
         let size = x.dtype().size();
         let mut bytes = vec![0u8; x.layout.numel() * size];
         if bytes.is_empty() {
@@ -262,6 +266,7 @@ impl Backend for CudaBackend {
     }
 
     fn download_async(&self, x: View<'_>) -> Result<Download> {
+        let _range = nvtx::range("download_async");
         let size = x.dtype().size();
         let len = x.layout.numel() * size;
         if len == 0 {
@@ -291,11 +296,16 @@ impl Backend for CudaBackend {
         self.gpu.read_clock(&slots)
     }
 
+    fn annotate(&self, name: &str) -> Annotation {
+        nvtx::range(name)
+    }
+
     fn host_allocator(&self) -> Option<Arc<dyn redline_hostmem::HostAllocator>> {
         self.gpu.host_allocator()
     }
 
     fn synchronize(&self) -> Result<()> {
+        let _range = nvtx::range("synchronize");
         self.transfers
             .synchronizations
             .fetch_add(1, Ordering::Relaxed);
@@ -303,12 +313,14 @@ impl Backend for CudaBackend {
     }
 
     fn unary(&self, op: UnaryOp, x: View<'_>, out: &Layout) -> Result<Storage> {
+        let _range = nvtx::range(op.name());
         let y = self.alloc_for(x.dtype(), out)?;
         elementwise::unary(&*self.gpu, op, &self.operand(x)?, &self.output(&y, out)?)?;
         Ok(y)
     }
 
     fn binary(&self, op: BinaryOp, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage> {
+        let _range = nvtx::range(op.name());
         let dtype = if op.is_comparison() {
             DType::U8
         } else {
@@ -321,6 +333,7 @@ impl Backend for CudaBackend {
     }
 
     fn reduce(&self, op: ReduceOp, x: View<'_>, axes: &[usize]) -> Result<Storage> {
+        let _range = nvtx::range(op.name());
         let mut shape = x.layout.shape().to_vec();
         for &a in axes {
             shape[a] = 1;
@@ -337,6 +350,7 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, a: View<'_>, b: View<'_>) -> Result<Storage> {
+        let _range = nvtx::range("matmul");
         let (sa, sb) = (a.layout.shape(), b.layout.shape());
         let mut shape = sa.to_vec();
         if let Some(last) = shape.last_mut() {
@@ -349,6 +363,7 @@ impl Backend for CudaBackend {
     }
 
     fn select(&self, cond: View<'_>, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage> {
+        let _range = nvtx::range("select");
         let y = self.alloc_for(a.dtype(), out)?;
         let (c, a, b) = (self.operand(cond)?, self.operand(a)?, self.operand(b)?);
         elementwise::select(&*self.gpu, &c, &a, &b, &self.output(&y, out)?)?;
@@ -356,16 +371,19 @@ impl Backend for CudaBackend {
     }
 
     fn convert(&self, x: View<'_>, dtype: DType, out: &Layout) -> Result<Storage> {
+        let _range = nvtx::range("convert");
         let y = self.alloc_for(dtype, out)?;
         elementwise::convert(&*self.gpu, &self.operand(x)?, &self.output(&y, out)?)?;
         Ok(y)
     }
 
     fn copy_into(&self, dst: &Storage, at: &Layout, src: View<'_>) -> Result<()> {
+        let _range = nvtx::range("copy_into");
         elementwise::convert(&*self.gpu, &self.operand(src)?, &self.output(dst, at)?)
     }
 
     fn softmax(&self, x: View<'_>, axis: usize, log: bool, out: &Layout) -> Result<Storage> {
+        let _range = nvtx::range("softmax");
         let y = self.alloc_for(x.dtype(), out)?;
         ops::nn::softmax(
             &*self.gpu,
@@ -378,6 +396,7 @@ impl Backend for CudaBackend {
     }
 
     fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage> {
+        let _range = nvtx::range("gather");
         let y = self.alloc(x.dtype(), index.layout.numel())?;
         let (xo, io) = (self.operand(x)?, self.operand(index)?);
         ops::nn::gather(&*self.gpu, &xo, axis, &io, self.buffer(&y)?.ptr)?;
@@ -392,12 +411,14 @@ impl Backend for CudaBackend {
         index: View<'_>,
         src: View<'_>,
     ) -> Result<()> {
+        let _range = nvtx::range("scatter_add");
         let (io, so) = (self.operand(index)?, self.operand(src)?);
         let ptr = self.buffer(dst)?.ptr;
         ops::nn::scatter_add(&*self.gpu, ptr, dst.dtype(), dst_shape, axis, &io, &so)
     }
 
     fn conv2d(&self, x: View<'_>, w: View<'_>, p: &Conv2dParams, out: &Layout) -> Result<Storage> {
+        let _range = nvtx::range("conv2d");
         let y = self.alloc_for(x.dtype(), out)?;
         let (xo, wo, yo) = (self.operand(x)?, self.operand(w)?, self.output(&y, out)?);
         ops::conv::conv2d(&*self.gpu, &xo, &wo, p, &yo)?;
@@ -411,6 +432,7 @@ impl Backend for CudaBackend {
         p: &Conv2dParams,
         out: &Layout,
     ) -> Result<Storage> {
+        let _range = nvtx::range("conv2d_input_grad");
         let y = self.alloc_for(g.dtype(), out)?;
         let (go, wo, yo) = (self.operand(g)?, self.operand(w)?, self.output(&y, out)?);
         ops::conv::input_grad(&*self.gpu, &go, &wo, p, &yo)?;
@@ -424,6 +446,7 @@ impl Backend for CudaBackend {
         p: &Conv2dParams,
         weight_shape: &[usize],
     ) -> Result<Storage> {
+        let _range = nvtx::range("conv2d_weight_grad");
         let y = self.alloc(x.dtype(), weight_shape.iter().product())?;
         let (xo, go) = (self.operand(x)?, self.operand(g)?);
         let ptr = self.buffer(&y)?.ptr;
@@ -437,6 +460,7 @@ impl Backend for CudaBackend {
         p: &Pool2dParams,
         out: &Layout,
     ) -> Result<(Storage, Storage)> {
+        let _range = nvtx::range("max_pool2d");
         let y = self.alloc_for(x.dtype(), out)?;
         let positions = self.alloc(DType::I64, out.numel())?;
         let (xo, yo) = (self.operand(x)?, self.output(&y, out)?);
@@ -451,6 +475,7 @@ impl Backend for CudaBackend {
         p: &Pool2dParams,
         out: &Layout,
     ) -> Result<Storage> {
+        let _range = nvtx::range("max_pool2d_grad");
         let y = self.alloc_for(g.dtype(), out)?;
         let (go, po, yo) = (
             self.operand(g)?,
@@ -462,12 +487,14 @@ impl Backend for CudaBackend {
     }
 
     fn avg_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        let _range = nvtx::range("avg_pool2d");
         let y = self.alloc_for(x.dtype(), out)?;
         ops::pool::avg_pool2d(&*self.gpu, &self.operand(x)?, p, &self.output(&y, out)?)?;
         Ok(y)
     }
 
     fn avg_pool2d_grad(&self, g: View<'_>, p: &Pool2dParams, out: &Layout) -> Result<Storage> {
+        let _range = nvtx::range("avg_pool2d_grad");
         let y = self.alloc_for(g.dtype(), out)?;
         let (go, yo) = (self.operand(g)?, self.output(&y, out)?);
         ops::pool::pool_grad(&*self.gpu, g.dtype(), &go, None, p, &yo)?;
@@ -475,6 +502,7 @@ impl Backend for CudaBackend {
     }
 
     fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
+        let _range = nvtx::range("random_uniform");
         let y = self.alloc(dtype, len)?;
         ops::nn::random_uniform(&*self.gpu, dtype, self.buffer(&y)?.ptr, len, seed, offset)?;
         Ok(y)
@@ -488,6 +516,7 @@ impl Backend for CudaBackend {
         dtype: DType,
         out: &Layout,
     ) -> Result<Storage> {
+        let _range = nvtx::range("normalize_input");
         let y = self.alloc_for(dtype, out)?;
         let (xo, yo) = (self.operand(x)?, self.output(&y, out)?);
         ops::nn::normalize_input(&*self.gpu, &xo, mean, std, &yo)?;
@@ -500,6 +529,7 @@ impl Backend for CudaBackend {
         y: Option<View<'_>>,
         gate: Option<View<'_>>,
     ) -> Result<Storage> {
+        let _range = nvtx::range("batch_norm_stats");
         let c = x.layout.shape()[1];
         let out = self.alloc(stats_dtype(x.dtype()), 2 * c)?;
         let yo = y.map(|v| self.operand(v)).transpose()?;
@@ -520,6 +550,7 @@ impl Backend for CudaBackend {
         gate: Option<View<'_>>,
         out: &Layout,
     ) -> Result<Storage> {
+        let _range = nvtx::range("batch_norm_apply");
         let z = self.alloc_for(x.dtype(), out)?;
         let yo = y.map(|v| self.operand(v)).transpose()?;
         let gate = gate
@@ -539,6 +570,7 @@ impl Backend for CudaBackend {
         p: &SgdParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
+        let _range = nvtx::range("sgd");
         let states: &[&[&Storage]] = if p.momentum != 0.0 {
             &[params, grads, momentum]
         } else {
@@ -559,6 +591,7 @@ impl Backend for CudaBackend {
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
+        let _range = nvtx::range("adamw");
         let slots = self.slots(&[params, grads, exp_avg, exp_avg_sq])?;
         let found = found_inf.map(|f| self.scalar(f)).transpose()?;
         let step = self.scalar(step)?;
@@ -571,6 +604,7 @@ impl Backend for CudaBackend {
         inv_scale: &Storage,
         found_inf: &Storage,
     ) -> Result<()> {
+        let _range = nvtx::range("unscale_check");
         let slots = self.slots(&[grads])?;
         let (inv, found) = (self.scalar(inv_scale)?, self.scalar(found_inf)?);
         ops::optim::unscale_check(&*self.gpu, first_dtype(grads), &slots, inv, found)
@@ -583,6 +617,7 @@ impl Backend for CudaBackend {
         found_inf: &Storage,
         p: &ScalerParams,
     ) -> Result<()> {
+        let _range = nvtx::range("scaler_update");
         let (s, t, f) = (
             self.scalar(scale)?,
             self.scalar(growth_tracker)?,

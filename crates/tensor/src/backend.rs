@@ -113,6 +113,41 @@ impl Deref for HostBytes {
     }
 }
 
+/// A profiler range (an NVTX range on CUDA, seen in Nsight Systems) that ends when dropped.
+/// Ranges nest; drop them on the thread that opened them, innermost first.
+#[must_use = "the range ends when this is dropped"]
+pub struct Annotation(Option<Box<dyn FnOnce()>>);
+
+impl Annotation {
+    /// No range: for backends without a profiler interface.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// A range that `end` closes.
+    pub fn new(end: impl FnOnce() + 'static) -> Self {
+        Self(Some(Box::new(end)))
+    }
+}
+
+impl Drop for Annotation {
+    fn drop(&mut self) {
+        if let Some(end) = self.0.take() {
+            end();
+        }
+    }
+}
+
+impl fmt::Debug for Annotation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Annotation(open)"
+        } else {
+            "Annotation(none)"
+        })
+    }
+}
+
 /// One reading of a device's clock ([`Backend::timestamp`]): the slot the device writes it to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timestamp(pub u32);
@@ -476,6 +511,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
             device: self.name(),
             what: "this device takes no timestamps".into(),
         })
+    }
+
+    /// Opens a profiler range named `name` (an op, a training phase) until the guard drops;
+    /// backends without a profiler interface return [`Annotation::none`].
+    fn annotate(&self, name: &str) -> Annotation {
+        let _ = name;
+        Annotation::none()
     }
 
     /// The host allocator loader pools should use so batches upload without a staging copy

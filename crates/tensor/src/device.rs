@@ -58,6 +58,11 @@ impl Device {
         self.0.read_timestamps(stamps)
     }
 
+    /// A profiler range named `name` until the guard drops ([`Backend::annotate`]).
+    pub fn annotate(&self, name: &str) -> crate::backend::Annotation {
+        self.0.annotate(name)
+    }
+
     /// The host allocator for loader pools feeding this device ([`Backend::host_allocator`]).
     pub fn host_allocator(&self) -> Option<std::sync::Arc<dyn redline_hostmem::HostAllocator>> {
         self.0.host_allocator()

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use redline_tensor::{Device, Result, Timestamp};
+use redline_tensor::{Annotation, Device, Result, Timestamp};
 
 /// The phases of a training step, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +73,9 @@ pub struct PhaseClock<'a> {
     opened: Option<Timestamp>,
     /// The device phases ended so far, each with its closing timestamp.
     closed: Vec<(Phase, Timestamp)>,
+    /// The profiler range (NVTX on CUDA) of the phase under way: phases run in
+    /// [`Phase::ALL`]'s order, so a lap opens the next one's.
+    range: Annotation,
 }
 
 impl<'a> PhaseClock<'a> {
@@ -83,7 +86,17 @@ impl<'a> PhaseClock<'a> {
             times: StepTimes::default(),
             opened: device.timestamp()?,
             closed: Vec::new(),
+            range: device.annotate(Phase::ALL[0].name()),
         })
+    }
+
+    /// Closes the range of `ended` and opens the next phase's (ranges are a stack: the old one
+    /// is popped before the new one is pushed).
+    fn next_range(&mut self, ended: Phase) {
+        self.range = Annotation::none();
+        if let Some(&next) = Phase::ALL.get(ended as usize + 1) {
+            self.range = self.device.annotate(next.name());
+        }
     }
 
     fn charge_host_time(&mut self, phase: Phase) {
@@ -96,6 +109,7 @@ impl<'a> PhaseClock<'a> {
     /// open after it.
     pub fn lap_host(&mut self, phase: Phase) -> Result<()> {
         self.charge_host_time(phase);
+        self.next_range(phase);
         if self.closed.is_empty() {
             self.opened = self.device.timestamp()?;
         }
@@ -105,6 +119,7 @@ impl<'a> PhaseClock<'a> {
     /// Ends `phase`, which enqueued device work: a timestamp behind that work, or (without
     /// timestamps) a synchronisation and the host time since the previous lap.
     pub fn lap(&mut self, phase: Phase) -> Result<()> {
+        self.next_range(phase);
         if self.opened.is_some() {
             if let Some(stamp) = self.device.timestamp()? {
                 self.closed.push((phase, stamp));
