@@ -40,6 +40,8 @@ pub struct AdapterSummary {
     /// Mesa lavapipe / llvmpipe, SwiftShader, WARP: a CPU pretending to be a GPU.
     pub software: bool,
     pub f16: bool,
+    /// The PCI vendor id (0x10DE NVIDIA, 0x1002 AMD, 0x8086 Intel; 0x10005 Mesa for lavapipe).
+    pub vendor: u32,
 }
 
 fn instance() -> wgpu::Instance {
@@ -53,6 +55,7 @@ fn summary(adapter: &wgpu::Adapter) -> AdapterSummary {
         name: info.name,
         backend: format!("{:?}", info.backend),
         f16: adapter.features().contains(wgpu::Features::SHADER_F16),
+        vendor: info.vendor,
     }
 }
 
@@ -109,6 +112,7 @@ impl WgpuBackend {
             backend: format!("{:?}", self.ctx.info.backend),
             software: self.ctx.info.device_type == wgpu::DeviceType::Cpu,
             f16: self.ctx.f16,
+            vendor: self.ctx.info.vendor,
         }
     }
 

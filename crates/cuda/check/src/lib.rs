@@ -12,7 +12,9 @@
 //! 4. `own-kernels` — matmul and the convolutions again on our own kernels instead of cuBLASLt
 //!    and cuDNN (both paths must be right), and cuDNN's deterministic mode giving the same bits
 //!    twice;
-//! 5. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
+//! 5. `wgpu` — the wgpu conformance suite on the NVIDIA Vulkan adapter (vendor 0x10DE; a
+//!    software adapter does not count), where the machine offers one; else skipped, saying why;
+//! 6. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
 //!    breakdown, the host copies and synchronisations of a steady-state step, memory.
 //!
 //! Without a GPU it says why in the JSON and exits non-zero, without a panic.
@@ -124,7 +126,7 @@ pub fn run(options: &Options) -> bool {
     let mut journal = Journal::new(&options.json);
     journal.flush();
     let started = Instant::now();
-    eprintln!("gpu-check: stage 1/5: device");
+    eprintln!("gpu-check: stage 1/6: device");
     let opened = if options.emulate {
         CudaBackend::emulated()
             .map(|b| {
@@ -164,7 +166,7 @@ pub fn run(options: &Options) -> bool {
                      n: usize,
                      name: &str,
                      f: &mut dyn FnMut() -> Result<Value, String>| {
-        eprintln!("gpu-check: stage {n}/5: {name}");
+        eprintln!("gpu-check: stage {n}/6: {name}");
         let t = Instant::now();
         let result = f();
         let seconds = t.elapsed().as_secs_f64();
@@ -184,8 +186,11 @@ pub fn run(options: &Options) -> bool {
             .map(|()| json!("matches the CPU backend; overflow skipped"))
     });
     stage(&mut journal, 4, "own-kernels", &mut || own_kernels(options));
+    stage(&mut journal, 5, "wgpu", &mut || {
+        wgpu_on_nvidia(options.cases)
+    });
     if options.steps > 0 {
-        stage(&mut journal, 5, "training", &mut || {
+        stage(&mut journal, 6, "training", &mut || {
             training(&backend, &device, options)
         });
     }
@@ -284,6 +289,29 @@ fn own_kernels(options: &Options) -> Result<Value, String> {
     }))
 }
 
+/// NVIDIA's PCI vendor id, as Vulkan reports it.
+const NVIDIA: u32 = 0x10DE;
+
+/// Stage 5: the wgpu backend's conformance on the NVIDIA Vulkan adapter (its first real GPU),
+/// or a skip naming the adapters seen.
+fn wgpu_on_nvidia(cases: u32) -> Result<Value, String> {
+    let adapters = redline_wgpu::adapters();
+    let is_nvidia = |a: &redline_wgpu::AdapterSummary| a.vendor == NVIDIA && !a.software;
+    let Some(adapter) = adapters.iter().find(|a| is_nvidia(a)) else {
+        let seen: Vec<String> = adapters
+            .iter()
+            .map(|a| format!("{} (vendor {:#x}, {})", a.name, a.vendor, a.backend))
+            .collect();
+        return Ok(json!({
+            "skipped": format!("no NVIDIA Vulkan adapter; adapters seen: {seen:?} (no Vulkan loader or ICD gives none)"),
+        }));
+    };
+    let backend = redline_wgpu::WgpuBackend::new(is_nvidia).map_err(|e| e.to_string())?;
+    let device = Device::new(Arc::new(backend));
+    let report = conformance(&device, cases, &Op::all())?;
+    Ok(json!({"adapter": adapter.name, "backend": adapter.backend, "conformance": report}))
+}
+
 /// A bf16 3×3 convolution's weight gradient on fixed random inputs, as bytes (`small` for
 /// the emulator).
 fn weight_grad_bits(backend: &CudaBackend, small: bool) -> Result<Vec<u8>, String> {
@@ -369,11 +397,9 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
     };
     let sets = redline_datasets::generate::synth_shards(&dir, &synth).map_err(|e| err(&e))?;
     let set = Arc::new(redline_shard::ShardSet::open(&sets[0]).map_err(|e| err(&e))?);
-    let model = ResNet::new(
-        ResNetConfig::named("resnet50").map_err(|e| err(&e))?,
-        device,
-    )
-    .map_err(|e| err(&e))?;
+    let mut config = ResNetConfig::named(&options.model).map_err(|e| err(&e))?;
+    config.num_classes = synth.classes as usize;
+    let model = ResNet::new(config, device).map_err(|e| err(&e))?;
     let params = named_parameters(&model)
         .into_iter()
         .map(|(_, p)| p)
@@ -423,7 +449,8 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
         times.push(step.times);
         if times.len() % 10 == 0 {
             eprintln!(
-                "gpu-check: resnet50 step {} loss {:.3}",
+                "gpu-check: {} step {} loss {:.3}",
+                options.model,
                 times.len(),
                 step.loss.item().map_err(|e| err(&e))?
             );
@@ -435,12 +462,13 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
     }
     let summary = Summary::new(&times, options.batch);
     eprintln!(
-        "gpu-check: resnet50 {:.1} img/s over {} steps",
+        "gpu-check: {} {:.1} img/s over {} steps",
+        options.model,
         summary.images_per_sec,
         times.len()
     );
     Ok(json!({
-        "model": "resnet50",
+        "model": options.model,
         "precision": "bf16",
         "res": options.res,
         "summary": summary.to_json(),
@@ -515,7 +543,14 @@ mod tests {
             .iter()
             .map(|s| s["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["device", "conformance", "amp", "own-kernels"]);
+        assert_eq!(
+            names,
+            ["device", "conformance", "amp", "own-kernels", "wgpu"]
+        );
+        // This machine's Vulkan adapter (if any) is software: the stage says why it skipped.
+        assert!(doc["stages"][4]["detail"]["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("no NVIDIA Vulkan adapter")));
         assert!(doc["stages"][1]["detail"]["matrix"]
             .as_str()
             .unwrap()
