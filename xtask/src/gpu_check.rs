@@ -56,6 +56,8 @@ pub fn run(args: GpuCheckArgs) -> Result<()> {
         .context("copying the binary")?;
     let cubins = pack.join("cubin");
     let _ = fs::remove_dir_all(&cubins);
+    // A report from an earlier run of this folder must not travel with the new binary.
+    let _ = fs::remove_file(pack.join("gpu-check.json"));
     run::check(Command::new(&binary).arg("prepare").arg(&cubins)).context(
         "compiling the CUBINs needs NVRTC here (pip install nvidia-cuda-nvrtc nvidia-cuda-runtime)",
     )?;

@@ -239,7 +239,11 @@ impl CublasLt {
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), String> {
         let align = [alignment(a), alignment(b), alignment(d)];
-        let key = (*plan, align);
+        // Offsets are in the pointers already; they must not multiply the cache's entries.
+        let mut key = (*plan, align);
+        for m in [&mut key.0.a, &mut key.0.b, &mut key.0.d] {
+            m.offset = 0;
+        }
         let prepared = {
             let mut cache = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
             match cache.get(&key) {
