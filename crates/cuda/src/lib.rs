@@ -122,9 +122,20 @@ impl CudaBackend {
         self.memory.empty_cache()
     }
 
-    /// The backend on CUDA device `ordinal`, or why there is none (never a panic).
+    /// The backend on CUDA device `ordinal`, or why there is none (never a panic). The
+    /// caching allocator's cap comes from `REDLINE_CUDA_MEMORY_CAP` (bytes, or with a KiB, MiB
+    /// or GiB suffix) when set; a value that is not a size is an error naming it.
     pub fn device(ordinal: usize) -> Result<Self, driver::Unavailable> {
-        Ok(Self::new(Arc::new(driver::CudaDriver::new(ordinal)?)))
+        let cap = match std::env::var("REDLINE_CUDA_MEMORY_CAP") {
+            Ok(text) => Some(parse_size(&text).ok_or_else(|| {
+                driver::Unavailable::Failed(format!(
+                    "REDLINE_CUDA_MEMORY_CAP={text:?} is not a size (e.g. 8GiB, 512MiB, 1000000)"
+                ))
+            })?),
+            Err(_) => None,
+        };
+        let gpu = Arc::new(driver::CudaDriver::new(ordinal)?);
+        Ok(Self::with_memory_cap(gpu, cap))
     }
 
     /// The backend on the host emulator (builds the kernels for the host on first use).
@@ -208,6 +219,23 @@ impl CudaBackend {
             dtype: s.dtype(),
         })
     }
+}
+
+/// "8GiB", "512 MiB", "64KiB" or plain bytes.
+fn parse_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    number.parse::<usize>().ok()?.checked_mul(scale)
 }
 
 impl Backend for CudaBackend {
@@ -629,4 +657,25 @@ impl Backend for CudaBackend {
 
 fn first_dtype(storages: &[&Storage]) -> DType {
     storages.first().map_or(DType::F32, |s| s.dtype())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn memory_caps_parse_with_binary_units_and_refuse_anything_else() {
+        use super::parse_size;
+        assert_eq!(parse_size("8GiB"), Some(8 << 30));
+        assert_eq!(parse_size("512 MiB"), Some(512 << 20));
+        assert_eq!(parse_size("4096"), Some(4096));
+        for bad in [
+            "",
+            "8GB",
+            "eight",
+            "-1",
+            "1.5GiB",
+            "99999999999999999999GiB",
+        ] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
 }
