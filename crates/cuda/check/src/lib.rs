@@ -558,4 +558,30 @@ mod tests {
         assert_eq!(doc["passed"], true);
         let _ = std::fs::remove_file(&json);
     }
+
+    /// The training stage end to end on the emulator, at a size it can afford (ResNet-18,
+    /// 16 px, batch 2, one measured step after the warm-up and the counted step): the
+    /// loader, the trainer, the phase clock on the backend's timestamps and the step counters.
+    #[test]
+    fn the_training_stage_runs_on_the_emulator_and_reports_a_steady_step() {
+        let options = Options {
+            steps: 1,
+            batch: 2,
+            res: 16,
+            model: "resnet18".into(),
+            emulate: true,
+            ..Options::default()
+        };
+        let backend = Arc::new(CudaBackend::emulated().unwrap());
+        let device = Device::new(backend.clone());
+        let report = training(&backend, &device, &options).unwrap();
+        assert_eq!(report["completed_steps"], 1, "{report}");
+        assert_eq!(
+            report["summary"]["phase_clock"], "device timestamps",
+            "{report}"
+        );
+        let steady = &report["steady_state_step"];
+        assert_eq!(steady["synchronizations"], 0, "{report}");
+        assert_eq!(steady["downloads"], 1, "{report}");
+    }
 }
