@@ -11,9 +11,7 @@
 //! cudarc's first call; after the handle exists, the mapped files are checked so that cudarc's own
 //! lookup (which tries the unversioned name first) did not bring in a second copy.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::{result, sys};
 use redline_tensor::DType;
@@ -21,6 +19,7 @@ use redline_tensor::DType;
 use crate::gemm::{BlasMatrix, GemmPlan};
 use crate::gpu::DevicePtr;
 use crate::libs::{self, LibReport};
+use crate::plans::PlanCache;
 
 /// cuBLAS's recommended workspace on Hopper and Blackwell.
 pub const WORKSPACE_BYTES: usize = 32 << 20;
@@ -38,6 +37,18 @@ struct Prepared {
 unsafe impl Send for Prepared {}
 unsafe impl Sync for Prepared {}
 
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        // SAFETY: made in `prepare`, used by nothing once the plan is dropped.
+        unsafe {
+            let _ = result::destroy_matmul_desc(self.desc);
+            for l in [self.a, self.b, self.d] {
+                let _ = result::destroy_matrix_layout(l);
+            }
+        }
+    }
+}
+
 /// A plan and its operands' alignments (A, B, D), which the chosen algorithm depends on.
 type PlanKey = (GemmPlan, [u32; 3]);
 
@@ -45,7 +56,7 @@ type PlanKey = (GemmPlan, [u32; 3]);
 pub struct CublasLt {
     handle: sys::cublasLtHandle_t,
     pub report: LibReport,
-    prepared: Mutex<HashMap<PlanKey, Arc<Prepared>>>,
+    plans: PlanCache<PlanKey, Prepared>,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread; calls are serialised per plan by the
@@ -115,7 +126,7 @@ impl CublasLt {
         Ok(Self {
             handle,
             report,
-            prepared: Mutex::new(HashMap::new()),
+            plans: PlanCache::default(),
         })
     }
 
@@ -231,71 +242,59 @@ impl CublasLt {
     }
 
     /// Enqueues `d = op(a) · op(b)` on `stream` (pointers at each operand's first element).
+    /// `false`: cuBLASLt refused this plan (no algorithm, or the call failed; see
+    /// [`CublasLt::refusals`]) and nothing was enqueued — the caller runs its own kernel.
     pub fn gemm(
         &self,
         plan: &GemmPlan,
         [a, b, d]: [DevicePtr; 3],
         workspace: DevicePtr,
         stream: cudarc::driver::sys::CUstream,
-    ) -> Result<(), String> {
+    ) -> bool {
         let align = [alignment(a), alignment(b), alignment(d)];
         // Offsets are in the pointers already; they must not multiply the cache's entries.
         let mut key = (*plan, align);
         for m in [&mut key.0.a, &mut key.0.b, &mut key.0.d] {
             m.offset = 0;
         }
-        let prepared = {
-            let mut cache = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
-            match cache.get(&key) {
-                Some(p) => p.clone(),
-                None => {
-                    let p = Arc::new(self.prepare(plan, align)?);
-                    cache.insert(key, p.clone());
-                    p
-                }
-            }
+        let Ok(p) = self
+            .plans
+            .get_or_prepare(&key, || self.prepare(plan, align))
+        else {
+            return false;
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let p = &*prepared;
+        let ptr = |x: DevicePtr| x.0 as *mut c_void;
         // SAFETY: descriptors from `prepare`; the pointers hold the operands the plan describes
-        // (the launcher checked the layouts), the workspace holds WORKSPACE_BYTES.
-        unsafe {
+        // (the launcher built the plan from their layouts), the workspace holds WORKSPACE_BYTES.
+        #[rustfmt::skip]
+        let called = unsafe {
             result::matmul(
-                self.handle,
-                p.desc,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                a.0 as *const c_void,
-                p.a,
-                b.0 as *const c_void,
-                p.b,
-                d.0 as *const c_void,
-                p.d,
-                d.0 as *mut c_void,
-                p.d,
-                &p.algo,
-                workspace.0 as *mut c_void,
-                WORKSPACE_BYTES,
-                stream as sys::cudaStream_t,
+                self.handle, p.desc, (&alpha as *const f32).cast(), (&beta as *const f32).cast(),
+                ptr(a), p.a, ptr(b), p.b, ptr(d), p.d, ptr(d), p.d,
+                &p.algo, ptr(workspace), WORKSPACE_BYTES, stream as sys::cudaStream_t,
             )
+        };
+        match called {
+            Ok(()) => true,
+            Err(e) => {
+                self.plans.refuse(&key, status("matmul", e));
+                false
+            }
         }
-        .map_err(|e| status(&format!("matmul {plan:?}"), e))
+    }
+
+    /// The plans cuBLASLt refused so far, with why (our kernel runs them).
+    pub fn refusals(&self) -> Vec<String> {
+        self.plans.refusals()
     }
 }
 
 impl Drop for CublasLt {
     fn drop(&mut self) {
-        let cache = std::mem::take(self.prepared.get_mut().unwrap_or_else(|p| p.into_inner()));
-        // SAFETY: nothing uses the descriptors or the handle after this.
-        unsafe {
-            for p in cache.into_values() {
-                let _ = result::destroy_matmul_desc(p.desc);
-                for l in [p.a, p.b, p.d] {
-                    let _ = result::destroy_matrix_layout(l);
-                }
-            }
-            let _ = result::destroy_handle(self.handle);
-        }
+        self.plans.clear();
+        // SAFETY: nothing uses the handle after this.
+        let _ = unsafe { result::destroy_handle(self.handle) };
     }
 }
 

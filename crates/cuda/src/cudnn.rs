@@ -10,9 +10,8 @@
 //! cuDNN 9 is split into sub-libraries that `libcudnn.so.9` opens by name; they are loaded from
 //! the same folder first (by absolute path), so the whole set comes from one place.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::cudnn::{result, sys};
 use redline_tensor::DType;
@@ -20,6 +19,7 @@ use redline_tensor::DType;
 use crate::convolution::{ConvPlan, Direction, FilterFormat};
 use crate::gpu::DevicePtr;
 use crate::libs::{self, LibReport};
+use crate::plans::PlanCache;
 
 /// The most workspace one convolution may ask for: algorithms that want more are skipped.
 pub const WORKSPACE_CAP: usize = 1 << 30;
@@ -75,7 +75,7 @@ pub struct Cudnn {
     pub report: LibReport,
     deterministic: bool,
     /// Each plan's descriptors, or why cuDNN refused it (then our kernels run it).
-    prepared: Mutex<HashMap<ConvPlan, Result<Arc<Prepared>, String>>>,
+    plans: PlanCache<ConvPlan, Prepared>,
 }
 
 // SAFETY: the handle is used under the driver's stream order; the cache is behind a mutex.
@@ -141,26 +141,18 @@ impl Cudnn {
                 version: format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100),
             },
             deterministic,
-            prepared: Mutex::new(HashMap::new()),
+            plans: PlanCache::default(),
         })
     }
 
     /// The plans cuDNN refused so far, with why (they run on our kernels).
     pub fn refusals(&self) -> Vec<String> {
-        let cache = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
-        cache
-            .iter()
-            .filter_map(|(plan, r)| r.as_ref().err().map(|e| format!("{plan:?}: {e}")))
-            .collect()
+        self.plans.refusals()
     }
 
     /// The plan's descriptors and algorithm (made on first use), or why cuDNN refuses it.
     fn prepared(&self, plan: &ConvPlan) -> Result<Arc<Prepared>, String> {
-        let mut cache = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
-        cache
-            .entry(*plan)
-            .or_insert_with(|| self.prepare(plan).map(Arc::new))
-            .clone()
+        self.plans.get_or_prepare(plan, || self.prepare(plan))
     }
 
     fn prepare(&self, plan: &ConvPlan) -> Result<Prepared, String> {
@@ -283,7 +275,8 @@ impl Cudnn {
     }
 
     /// Enqueues the plan with cuDNN's `x`, `w` and `y` at `[x, w, y]` (first elements) and a
-    /// workspace of at least [`Cudnn::workspace_for`] bytes.
+    /// workspace of at least [`Cudnn::workspace_for`] bytes. A call cuDNN rejects refuses the
+    /// plan from then on (the error says why; nothing was enqueued).
     pub fn run(
         &self,
         plan: &ConvPlan,
@@ -319,10 +312,7 @@ impl Cudnn {
 
 impl Drop for Cudnn {
     fn drop(&mut self) {
-        self.prepared
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.plans.clear();
         // SAFETY: nothing uses the handle after this.
         let _ = unsafe { result::destroy_handle(self.handle) };
     }

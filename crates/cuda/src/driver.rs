@@ -25,9 +25,9 @@ use crate::convolution::ConvPlan;
 use crate::cublaslt::{self, CublasLt};
 use crate::cudnn::Cudnn;
 use crate::gemm::GemmPlan;
-use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape};
+use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Library};
 use crate::kernels;
-use crate::libs::{self, LibError, LibReport};
+use crate::libs::{self, LibError};
 use crate::nvrtc::Nvrtc;
 use crate::stream::{Clock, InFlight, PinnedAllocator, Staging};
 
@@ -419,9 +419,13 @@ impl Gpu for CudaDriver {
             return Ok(false);
         };
         self.bind()?;
-        blas.lt
+        // A plan cuBLASLt refuses runs on our kernel (the refusal is kept for the report).
+        if !blas
+            .lt
             .gemm(plan, operands, blas.workspace, self.stream.cu_stream())
-            .map_err(|e| self.error("matmul", e))?;
+        {
+            return Ok(false);
+        }
         self.after("cuBLASLt matmul")?;
         Ok(true)
     }
@@ -445,29 +449,26 @@ impl Gpu for CudaDriver {
             let grown = needed.next_power_of_two();
             *workspace = (self.alloc(grown)?, grown);
         }
-        dnn.run(plan, operands, workspace.0)
-            .map_err(|e| self.error("convolution", e))?;
+        // A call cuDNN rejects enqueued nothing: our kernel runs it (the refusal is reported).
+        let ran = dnn.run(plan, operands, workspace.0).is_ok();
         drop(workspace);
+        if !ran {
+            return Ok(false);
+        }
         self.after("cuDNN convolution")?;
         Ok(true)
     }
 
-    fn libraries(&self) -> Vec<(&'static str, std::result::Result<LibReport, String>)> {
-        let dnn = self.dnn().map(|d| {
-            let refused = d.refusals();
-            let mut report = d.report.clone();
-            if !refused.is_empty() {
-                report.version += &format!(
-                    " ({} plan(s) refused, on our kernels: {})",
-                    refused.len(),
-                    refused.join("; ")
-                );
-            }
-            report
-        });
+    fn libraries(&self) -> Vec<Library> {
         vec![
-            ("cuBLASLt", self.blas().map(|b| b.lt.report.clone())),
-            ("cuDNN", dnn),
+            Library::new(
+                "cuBLASLt",
+                self.blas().map(|b| (b.lt.report.clone(), b.lt.refusals())),
+            ),
+            Library::new(
+                "cuDNN",
+                self.dnn().map(|d| (d.report.clone(), d.refusals())),
+            ),
         ]
     }
 

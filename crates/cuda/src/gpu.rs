@@ -123,9 +123,9 @@ pub trait Gpu: Send + Sync + fmt::Debug {
         Ok(false)
     }
 
-    /// The vendor libraries behind [`Gpu::gemm`] and the convolutions: each one's name and
-    /// either what was loaded or why it was not (loading is attempted here if it was not yet).
-    fn libraries(&self) -> Vec<(&'static str, std::result::Result<LibReport, String>)> {
+    /// The vendor libraries behind [`Gpu::gemm`] and [`Gpu::conv`] (loading is attempted here
+    /// if it was not yet).
+    fn libraries(&self) -> Vec<Library> {
         Vec::new()
     }
 
@@ -133,6 +133,23 @@ pub trait Gpu: Send + Sync + fmt::Debug {
     /// size class: the emulator's guard bytes then sit right after each storage's last element.
     fn exact_sizes(&self) -> bool {
         false
+    }
+}
+
+/// A vendor library as a device uses it: loaded (file, version, the plans it refused so far,
+/// which run on our kernels) or why it is not used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Library {
+    pub name: &'static str,
+    pub loaded: std::result::Result<(LibReport, Vec<String>), String>,
+}
+
+impl Library {
+    pub fn new(
+        name: &'static str,
+        loaded: std::result::Result<(LibReport, Vec<String>), String>,
+    ) -> Self {
+        Self { name, loaded }
     }
 }
 

@@ -31,6 +31,7 @@ pub mod memory;
 pub mod nvrtc;
 pub mod nvtx;
 mod ops;
+pub mod plans;
 pub mod stream;
 
 use std::fmt;
@@ -44,7 +45,7 @@ use redline_tensor::{
 };
 
 pub use emulator::Emulator;
-pub use gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Strided};
+pub use gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Library, Strided};
 pub use memory::{Buffer, MemoryPool, MemoryStats};
 
 use ops::elementwise::{self, Operand};

@@ -194,6 +194,8 @@ pub fn run(options: &Options) -> bool {
             training(&backend, &device, options)
         });
     }
+    // Again at the end: which plans the libraries refused over the whole run (on our kernels).
+    journal.set("libraries_at_end", libraries(&**backend.gpu()));
     journal.set("memory", json!(backend.memory_stats().to_string()));
     journal.set("passed", json!(passed));
     journal.set("seconds", json!(started.elapsed().as_secs_f64()));
@@ -238,12 +240,16 @@ fn report_device(driver: &CudaDriver) -> Value {
 /// Each vendor library: where it was loaded from and its version, or why it is not used.
 fn libraries(gpu: &dyn Gpu) -> Value {
     let mut out = Map::new();
-    for (name, loaded) in gpu.libraries() {
-        let entry = match loaded {
-            Ok(r) => json!({"path": r.path.display().to_string(), "version": r.version}),
+    for library in gpu.libraries() {
+        let entry = match library.loaded {
+            Ok((r, refused)) => json!({
+                "path": r.path.display().to_string(),
+                "version": r.version,
+                "refused_plans_on_our_kernels": refused,
+            }),
             Err(e) => json!({"not_used": e}),
         };
-        out.insert(name.into(), entry);
+        out.insert(library.name.into(), entry);
     }
     Value::Object(out)
 }
