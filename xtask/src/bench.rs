@@ -371,7 +371,8 @@ fn loader(args: LoaderArgs) -> Result<()> {
     .iter()
     .flat_map(|(flag, value)| [flag.to_string(), value.to_string()])
     .collect();
-    let mut cmd = run::bench_binary("bench-loader", &[]);
+    let decoder: Vec<&str> = run::fast_decoder().into_iter().collect();
+    let mut cmd = run::bench_binary("bench-loader", &decoder);
     cmd.arg("--shards")
         .arg(&args.shards)
         .arg("--out")

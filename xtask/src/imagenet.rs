@@ -104,8 +104,9 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         ("--warmup", Some(args.warmup.to_string())),
     ];
     // The bench's command, built afresh for each round (a Command cannot be cloned).
+    let decoder: Vec<&str> = run::fast_decoder().into_iter().collect();
     let bench = || {
-        let mut cmd = run::bench_binary("bench-imagenet", &[]);
+        let mut cmd = run::bench_binary("bench-imagenet", &decoder);
         cmd.arg("--shards")
             .arg(&shards)
             .arg("--out")
@@ -302,11 +303,12 @@ fn print_table(r: &Value) {
         }
     );
     println!(
-        "  resolution {}px, batch {}, {}, AdamW, {} measured steps",
+        "  resolution {}px, batch {}, {}, AdamW, {} measured steps, JPEG decoder {}",
         r["resolution"],
         r["batch"],
         s("precision"),
-        r["steps"]
+        r["steps"],
+        s("decoder")
     );
     println!("  throughput     {:>8.2} img/s", f("images_per_sec"));
     println!(

@@ -19,6 +19,35 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
+/// Whether `program` is an executable file in a folder of PATH.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program)).is_ok_and(|m| {
+                m.is_file()
+                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+            })
+        })
+    })
+}
+
+/// The feature that builds libjpeg-turbo (`turbojpeg`) when its build tools, cmake and nasm,
+/// are on PATH; else none, and one line saying what is faster and how to get it.
+pub fn fast_decoder() -> Option<&'static str> {
+    let missing: Vec<&str> = ["cmake", "nasm"]
+        .into_iter()
+        .filter(|p| !on_path(p))
+        .collect();
+    if missing.is_empty() {
+        return Some("turbojpeg");
+    }
+    eprintln!(
+        "note: JPEGs decode with zune-jpeg (pure Rust); libjpeg-turbo's DCT-scaled crops are faster — install {} (e.g. `apt-get install cmake nasm`) to build it",
+        missing.join(" and ")
+    );
+    None
+}
+
 /// `cargo` as the user invoked it.
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));

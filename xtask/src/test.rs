@@ -19,6 +19,10 @@ pub struct TestArgs {
     /// Skip the fmt and clippy phases (quicker local iterations; CI never skips them).
     #[arg(long)]
     no_lint: bool,
+    /// Also build the main job from a scratch target directory with cmake and nasm hidden,
+    /// as on a fresh machine (minutes; `CI=true` always does).
+    #[arg(long)]
+    fresh_build: bool,
 }
 
 /// A hardware suite: its own test binary, run when its hardware is present.
@@ -65,26 +69,65 @@ const HARDWARE_SUITES: &[HardwareSuite] = &[
     },
 ];
 
+/// The main job's binary built as a new user's machine would: a scratch target directory and
+/// a PATH without cmake and nasm (libjpeg-turbo's build tools), so the pure-Rust decoder path
+/// must build on its own.
+fn fresh_build() -> Result<String> {
+    let hidden = ["cmake", "nasm"];
+    let shim = run::target_dir().join("fresh-machine/bin");
+    let scratch = run::target_dir().join("fresh-machine/target");
+    let _ = std::fs::remove_dir_all(run::target_dir().join("fresh-machine"));
+    std::fs::create_dir_all(&shim)?;
+    // Every program on PATH but the hidden ones, first occurrence first, as links in one folder.
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let link = shim.join(&name);
+            if hidden.iter().any(|h| name == *h) || link.exists() {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(entry.path(), link);
+        }
+    }
+    let mut build = run::cargo();
+    build
+        .args([
+            "build",
+            "--package",
+            "redline-benches",
+            "--bin",
+            "bench-imagenet",
+        ])
+        .env("PATH", &shim)
+        .env("CARGO_TARGET_DIR", &scratch);
+    run::check(&mut build)?;
+    let binary = scratch.join("debug/bench-imagenet");
+    if !binary.is_file() {
+        bail!("{} was not built", binary.display());
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(format!(
+        "bench-imagenet built from scratch without {} (pure-Rust JPEG decoding)",
+        hidden.join(" or ")
+    ))
+}
+
 /// Runs one hardware suite. `required` turns "no hardware" into a failure.
-fn hardware_suite(suite: &HardwareSuite, required: bool) -> Outcome {
+fn hardware_suite(suite: &HardwareSuite, required: bool, features: &[&str]) -> Outcome {
     match suite.kind {
         SuiteKind::Missing(why) if required => Outcome::Failed(format!("required, but {why}")),
         SuiteKind::Missing(why) => Outcome::Skipped(why.into()),
         SuiteKind::Built { test, install } => {
             let mut cmd = run::cargo();
-            cmd.args([
-                "test",
-                "--workspace",
-                "--test",
-                test,
-                "--",
-                "--ignored",
-                "--nocapture",
-            ])
-            .env(
-                "REDLINE_HARDWARE_REQUIRED",
-                if required { "1" } else { "0" },
-            );
+            // The workspace phases' features, so nothing is rebuilt for a different feature set.
+            cmd.args(["test", "--workspace"])
+                .args(features)
+                .args(["--test", test, "--", "--ignored", "--nocapture"])
+                .env(
+                    "REDLINE_HARDWARE_REQUIRED",
+                    if required { "1" } else { "0" },
+                );
             eprintln!("$ {}", run::describe(&cmd));
             let output = match cmd.output() {
                 Ok(o) => o,
@@ -133,6 +176,13 @@ pub fn run(args: TestArgs) -> Result<()> {
             );
         }
     }
+    // libjpeg-turbo's code paths are tested wherever it builds; CI installs its tools, so
+    // there a missing one is a failure rather than a quieter test.
+    let decoder: Vec<&str> = match run::fast_decoder() {
+        Some(_) => vec!["--features", "redline-loader/turbojpeg"],
+        None if ci => bail!("CI=true: cmake and nasm must be installed to test libjpeg-turbo"),
+        None => Vec::new(),
+    };
     let mut phases = Vec::new();
     let mut phase = |name: &str, f: &mut dyn FnMut() -> Outcome| {
         eprintln!("\n=== {name} ===");
@@ -155,21 +205,19 @@ pub fn run(args: TestArgs) -> Result<()> {
             cargo_phase(run::cargo().args(["fmt", "--all", "--", "--check"]))
         });
         phase("clippy", &mut || {
-            cargo_phase(run::cargo().args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ]))
+            cargo_phase(
+                run::cargo()
+                    .args(["clippy", "--workspace", "--all-targets"])
+                    .args(&decoder)
+                    .args(["--", "-D", "warnings"]),
+            )
         });
     }
     phase("cargo test", &mut || {
-        cargo_phase(run::cargo().args(["test", "--workspace"]))
+        cargo_phase(run::cargo().args(["test", "--workspace"]).args(&decoder))
     });
-    // The workspace build turns on the loader's libjpeg-turbo feature (the benches use it); the
-    // loader alone must also build and pass on pure Rust (zune-jpeg only).
+    // The workspace phases above turn on the loader's libjpeg-turbo feature where it can be
+    // built (CI installs cmake and nasm); the loader alone must also pass on pure Rust.
     phase("loader, pure Rust", &mut || {
         let lint = ["clippy", "--package", "redline-loader", "--all-targets"];
         match cargo_phase(run::cargo().args(lint).args(["--", "-D", "warnings"])) {
@@ -197,6 +245,15 @@ pub fn run(args: TestArgs) -> Result<()> {
             Err(e) => Outcome::Failed(format!("{e:#}")),
         },
     );
+    phase("main job on a fresh machine (no cmake, nasm)", &mut || {
+        if !(ci || args.fresh_build) {
+            return Outcome::Skipped("CI=true or --fresh-build: a build from scratch".into());
+        }
+        match fresh_build() {
+            Ok(note) => Outcome::Passed(note),
+            Err(e) => Outcome::Failed(format!("{e:#}")),
+        }
+    });
     phase("format spec (Python reader)", &mut || match spec_check() {
         Ok(note) => Outcome::Passed(note),
         Err(e) => Outcome::Failed(format!("{e:#}")),
@@ -207,7 +264,7 @@ pub fn run(args: TestArgs) -> Result<()> {
         let named = args.require.iter().any(|r| r == suite.name);
         let required = named || (ci && matches!(suite.kind, SuiteKind::Built { .. }));
         phase(&format!("hardware: {}", suite.name), &mut || {
-            hardware_suite(suite, required)
+            hardware_suite(suite, required, &decoder)
         });
     }
 

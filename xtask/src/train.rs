@@ -59,8 +59,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
     }
     let mut cmd = run::cargo();
-    cmd.args(["run", "--release", "--quiet", "--package", "redline"])
-        .args(["--bin", "redline-train", "--"])
+    cmd.args(["run", "--release", "--quiet", "--package", "redline"]);
+    if let Some(feature) = run::fast_decoder() {
+        cmd.args(["--features", feature]);
+    }
+    cmd.args(["--bin", "redline-train", "--"])
         .arg("--data")
         .arg(&shards);
     let checkpoints = args

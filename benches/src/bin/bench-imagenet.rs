@@ -105,10 +105,11 @@ fn run() -> Res<()> {
 
     eprintln!(
         "bench-imagenet: {} ({} parameters) at {res}px, batch {batch}, {precision}, on {}; \
-         {warmup} warm-up steps",
+         JPEG decoder {}; {warmup} warm-up steps",
         model_name,
         num_params,
-        device.name()
+        device.name(),
+        redline_loader::Codec::best().name()
     );
     for _ in 0..warmup {
         trainer.train_step(&mut loader)?.loss.item()?;
@@ -161,6 +162,7 @@ fn run() -> Res<()> {
         "precision": precision.to_string(),
         "optimizer": "adamw",
         "workers": workers,
+        "decoder": redline_loader::Codec::best().name(),
         "gmac_per_image": gmac,
         "achieved_gflops": gflops,
         "peak_memory_bytes": peak_rss(),

@@ -2,9 +2,10 @@
 //! other pair with `TensorError::Unsupported` before a launcher is reached, and the conformance
 //! summary prints the matrix, so what is missing is visible rather than silently slow.
 //!
-//! Declared: every op on the pairs the host backends declare. Matmul and the convolutions run on
-//! the crate's own kernels (a tiled GEMM, direct convolutions) — correct everywhere, the host
-//! emulator included; cuBLASLt and cuDNN for the GPU's hot path are still to come.
+//! Declared: every op on the pairs the host backends declare. Matmul and the convolutions have
+//! kernels of our own (a tiled GEMM, direct convolutions) for every declared pair — the host
+//! emulator runs them — and on a GPU go through cuBLASLt and cuDNN for f32/f16/bf16 where those
+//! take the layouts.
 
 use redline_tensor::{BinaryOp, DType, NnOp, Op, OtherOp, ReduceOp};
 

@@ -44,8 +44,27 @@ pub struct AdapterSummary {
     pub vendor: u32,
 }
 
+/// Vulkan, Metal and DX12 (`WGPU_BACKEND` may choose others; GL's compute is too thin for us).
+///
+/// Mesa's implicit Vulkan layer `VK_LAYER_MESA_device_select` connects to Wayland to order the
+/// GPUs, which on a headless machine prints "error: XDG_RUNTIME_DIR is invalid or not set" to
+/// stderr twice — an error line that is no error. We rank adapters ourselves, so the layer is
+/// turned off through its own switch (`NODEVICE_SELECT=1`) unless the user set it, once, before
+/// the first Vulkan instance: the loader reads it then.
 fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle())
+    static QUIET: std::sync::Once = std::sync::Once::new();
+    QUIET.call_once(|| {
+        if std::env::var_os("NODEVICE_SELECT").is_none() {
+            std::env::set_var("NODEVICE_SELECT", "1");
+        }
+    });
+    wgpu::Instance::new(
+        wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::PRIMARY,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        }
+        .with_env(),
+    )
 }
 
 fn summary(adapter: &wgpu::Adapter) -> AdapterSummary {

@@ -1,6 +1,7 @@
 //! `redline-train --data DIR [--model resnet18|34|50] [--res R] [--min-res R] [--batch B]
 //! [--epochs E] [--lr LR] [--wd WD] [--precision fp32|fp16|bf16] [--device NAME]
-//! [--workers N] [--seed S] [--resume CKPT] [--checkpoints DIR] [--json PATH]`: real
+//! [--workers N] [--seed S] [--resume CKPT] [--checkpoints DIR] [--json PATH]` (or
+//! `redline-train --list-devices`, best first): real
 //! training on `DIR/train` with evaluation on `DIR/val` after every epoch and a checkpoint
 //! after every epoch (`cargo xtask train` converts an ImageFolder tree first and drives it).
 //!
@@ -61,6 +62,13 @@ fn open(dir: &Path) -> Res<Arc<ShardSet>> {
 
 fn run() -> Res<()> {
     let args = Args(std::env::args().skip(1).collect());
+    if args.0.iter().any(|a| a == "--list-devices") {
+        for c in registry::candidates() {
+            let software = if c.software { " (software)" } else { "" };
+            println!("{}{software}", c.name);
+        }
+        return Ok(());
+    }
     let data = PathBuf::from(
         args.get("--data")
             .ok_or("--data DIR (with train/ and val/) is required")?,
