@@ -24,6 +24,11 @@ pub struct ConvertOptions {
     /// Stop at the first unusable file instead of skipping it.
     pub strict: bool,
     pub threads: usize,
+    /// Labels of a flat validation folder (`val/*.JPEG`): Kaggle's `LOC_val_solution.csv` or
+    /// the devkit's ground truth (see [`crate::val_labels`]); found next to the data if `None`.
+    pub val_labels: Option<PathBuf>,
+    /// The devkit's synsets in its ID order, for its ground truth.
+    pub val_synsets: Option<PathBuf>,
 }
 
 impl Default for ConvertOptions {
@@ -34,6 +39,8 @@ impl Default for ConvertOptions {
             shard_bytes: 256 << 20,
             strict: false,
             threads: crate::all_cores(),
+            val_labels: None,
+            val_synsets: None,
         }
     }
 }
@@ -99,7 +106,12 @@ pub fn convert_folder(
         skipped: Vec::new(),
     };
     for (name, src, dst) in splits {
-        let (files, skipped) = list_images(&src, &classes)?;
+        let flat_val = name == "val" && class_dirs(&src)?.is_empty();
+        let (files, skipped) = if flat_val {
+            list_flat_val(&src, &classes, options)?
+        } else {
+            list_images(&src, &classes)?
+        };
         if let (true, Some(s)) = (options.strict, skipped.first()) {
             return Err(DataError::Strict {
                 path: s.path.clone(),
@@ -265,6 +277,48 @@ fn class_dirs(dir: &Path) -> Result<Vec<String>, DataError> {
     }
     classes.sort();
     Ok(classes)
+}
+
+/// Every file of a flat validation folder (sorted), labelled through its labels file by the
+/// wnid's index in `classes`; files without a label or of an unknown class are skipped with
+/// the reason, and a folder where nothing gets a label is an error.
+fn list_flat_val(
+    dir: &Path,
+    classes: &[String],
+    options: &ConvertOptions,
+) -> Result<(Vec<LabelledFile>, Vec<Skipped>), DataError> {
+    let (wnids, source) = crate::val_labels::find(
+        dir,
+        options.val_labels.as_deref(),
+        options.val_synsets.as_deref(),
+    )?;
+    let mut all = Vec::new();
+    walk(dir, &mut |file| all.push(file))?;
+    let (mut files, mut skipped) = (Vec::new(), Vec::new());
+    for path in all {
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let reason = match wnids.get(&stem) {
+            None => format!("no label in {}", source.display()),
+            Some(wnid) => match classes.iter().position(|c| c == wnid) {
+                Some(label) => {
+                    files.push((path, label as i32));
+                    continue;
+                }
+                None => format!("its class {wnid} is not among the training set's classes"),
+            },
+        };
+        skipped.push(Skipped { path, reason });
+    }
+    if files.is_empty() {
+        return Err(DataError::Invalid {
+            path: dir.to_path_buf(),
+            what: format!("no image here has a label in {}", source.display()),
+        });
+    }
+    Ok((files, skipped))
 }
 
 /// Every file under `dir/<class>/` (recursively, sorted), labelled by `classes`; files elsewhere

@@ -2,6 +2,8 @@
 //!
 //! * [`synth`] — the embedded default dataset: ImageNet-like JPEGs whose class needs a CNN.
 //! * [`generate`] — writes the synthetic set as shards (`train/` + `val/`) or as an ImageFolder tree.
+//! * [`val_labels`] — labels of ImageNet's flat validation folder (Kaggle's CSV, the devkit's
+//!   ground truth).
 //! * [`convert`] — converts ImageFolder trees to shard sets on every core, optionally resizing and
 //!   re-encoding, skipping (and reporting) unreadable files.
 //!
@@ -13,6 +15,7 @@ mod parallel;
 mod progress;
 mod rng;
 pub mod synth;
+pub mod val_labels;
 
 use std::path::PathBuf;
 

@@ -202,3 +202,128 @@ fn a_folder_without_classes_is_a_clear_error() {
         .to_string();
     assert!(err.contains("no class sub-folders"), "{err}");
 }
+
+/// Kaggle's ImageNet layout: `ILSVRC/Data/CLS-LOC/{train/<wnid>/, val/*.JPEG}` with
+/// `LOC_val_solution.csv` at the top. Val labels are the wnids' indices among train's sorted
+/// class folders (torchvision's ImageFolder numbering); an image without a label or of an unknown
+/// class is skipped with the reason.
+#[test]
+fn kaggle_imagenet_with_a_flat_val_folder_and_its_csv() {
+    let synth = tempfile::tempdir().unwrap();
+    small_synth(synth.path());
+    let jpegs: Vec<std::path::PathBuf> = fs::read_dir(synth.path().join("train"))
+        .unwrap()
+        .flat_map(|c| fs::read_dir(c.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .collect();
+    let root = tempfile::tempdir().unwrap();
+    let cls_loc = root.path().join("ILSVRC/Data/CLS-LOC");
+    // Wnids whose sorted order differs from the order they are written in.
+    let wnids = ["n04589890", "n01440764", "n02119789"];
+    for (k, wnid) in wnids.iter().enumerate() {
+        let dir = cls_loc.join("train").join(wnid);
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..2 {
+            fs::copy(&jpegs[k * 2 + i], dir.join(format!("{wnid}_{i}.JPEG"))).unwrap();
+        }
+    }
+    let val = cls_loc.join("val");
+    fs::create_dir_all(&val).unwrap();
+    let mut csv = String::from("ImageId,PredictionString\n");
+    for i in 1..=5 {
+        fs::copy(
+            &jpegs[6 + i],
+            val.join(format!("ILSVRC2012_val_{i:08}.JPEG")),
+        )
+        .unwrap();
+        if i <= 3 {
+            csv += &format!("ILSVRC2012_val_{i:08},{} 1 2 3 4\n", wnids[i - 1]);
+        }
+    }
+    csv += "ILSVRC2012_val_00000004,n99999999 1 2 3 4\n";
+    fs::write(root.path().join("LOC_val_solution.csv"), csv).unwrap();
+
+    let out = tempfile::tempdir().unwrap();
+    let summary = convert_folder(&cls_loc, out.path(), &options()).unwrap();
+    assert_eq!(summary.classes, ["n01440764", "n02119789", "n04589890"]);
+    let val_set = ShardSet::open(out.path().join("val")).unwrap();
+    let labels: Vec<i32> = val_set.records().map(|r| r.unwrap().label).collect();
+    // val 1 → n04589890 (index 2), val 2 → n01440764 (0), val 3 → n02119789 (1).
+    assert_eq!(labels, [2, 0, 1]);
+    let reasons: Vec<String> = summary
+        .skipped
+        .iter()
+        .map(|s| format!("{}: {}", s.path.display(), s.reason))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:#?}");
+    assert!(
+        reasons[0].contains("00000004.JPEG: its class n99999999 is not among"),
+        "{reasons:#?}"
+    );
+    assert!(
+        reasons[1].contains("00000005.JPEG: no label in"),
+        "{reasons:#?}"
+    );
+}
+
+/// The devkit's ground truth with the synsets in the devkit's order; a flat val folder without
+/// any labels file is an error that says what to give.
+#[test]
+fn devkit_ground_truth_labels_a_flat_val_folder_and_no_labels_is_a_clear_error() {
+    let src = tempfile::tempdir().unwrap();
+    small_synth(src.path());
+    let val = src.path().join("val");
+    let files: Vec<std::path::PathBuf> = fs::read_dir(&val)
+        .unwrap()
+        .flat_map(|c| fs::read_dir(c.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .collect();
+    let flat = src.path().join("flat_val");
+    fs::create_dir_all(&flat).unwrap();
+    for (i, f) in files.iter().enumerate() {
+        fs::copy(f, flat.join(format!("ILSVRC2012_val_{:08}.JPEG", i + 1))).unwrap();
+    }
+    fs::remove_dir_all(&val).unwrap();
+    fs::rename(&flat, &val).unwrap();
+    let classes = {
+        let mut c: Vec<String> = fs::read_dir(src.path().join("train"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        c.sort();
+        c
+    };
+    let out = tempfile::tempdir().unwrap();
+    let err = convert_folder(src.path(), out.path(), &options())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--val-labels") && err.contains("LOC_val_solution.csv"),
+        "{err}"
+    );
+
+    // The devkit's order here is train's classes reversed; IDs are 1-based.
+    let synsets = src.path().join("synsets_in_devkit_order.txt");
+    let reversed: Vec<String> = classes.iter().rev().cloned().collect();
+    fs::write(&synsets, reversed.join("\n")).unwrap();
+    let truth = src.path().join("ILSVRC2012_validation_ground_truth.txt");
+    let ids: Vec<usize> = (0..files.len()).map(|i| i % classes.len() + 1).collect();
+    fs::write(
+        &truth,
+        ids.iter().map(|i| format!("{i}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let with_labels = ConvertOptions {
+        val_labels: Some(truth),
+        val_synsets: Some(synsets),
+        ..options()
+    };
+    convert_folder(src.path(), out.path(), &with_labels).unwrap();
+    let val_set = ShardSet::open(out.path().join("val")).unwrap();
+    let labels: Vec<i32> = val_set.records().map(|r| r.unwrap().label).collect();
+    let want: Vec<i32> = ids
+        .iter()
+        .map(|&id| classes.iter().position(|c| *c == reversed[id - 1]).unwrap() as i32)
+        .collect();
+    assert_eq!(labels, want);
+}

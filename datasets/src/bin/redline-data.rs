@@ -44,6 +44,14 @@ enum Command {
         /// Worker threads (default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// Labels of a flat `val/` folder: Kaggle's LOC_val_solution.csv (found next to the data
+        /// when not given) or the devkit's ILSVRC2012_validation_ground_truth.txt.
+        #[arg(long)]
+        val_labels: Option<PathBuf>,
+        /// With the devkit's ground truth: the synsets in the devkit's ID order (meta.mat's),
+        /// one wnid per line.
+        #[arg(long)]
+        val_synsets: Option<PathBuf>,
     },
     /// Generate the synthetic ImageNet-like set (train/ + val/), deterministic in the seed.
     Synth {
@@ -104,6 +112,8 @@ fn run(command: Command) -> Result<()> {
             shard_size,
             strict,
             threads,
+            val_labels,
+            val_synsets,
         } => {
             let options = ConvertOptions {
                 max_side,
@@ -111,6 +121,8 @@ fn run(command: Command) -> Result<()> {
                 shard_bytes: shard_size,
                 strict,
                 threads: threads.unwrap_or_else(redline_datasets::all_cores),
+                val_labels,
+                val_synsets,
             };
             let summary = convert_folder(&from_folder, &out, &options)?;
             println!("classes: {}", summary.classes.len());
