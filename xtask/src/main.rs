@@ -48,6 +48,14 @@ enum Command {
     KernelMutations,
     /// Train a ResNet with evaluation and checkpoints every epoch (`--data` required).
     Train(train::TrainArgs),
+    /// Write a checkpoint's model weights alone (`--checkpoint CKPT --out MODEL.safetensors`),
+    /// loadable by `safetensors.torch.load_file` into torchvision's ResNet.
+    Export {
+        #[arg(long)]
+        checkpoint: std::path::PathBuf,
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
@@ -58,5 +66,13 @@ fn main() -> Result<()> {
         Command::Train(args) => train::run(args),
         Command::GpuCheck(args) => gpu_check::run(args),
         Command::KernelMutations => mutations::run().map(|note| println!("{note}")),
+        Command::Export { checkpoint, out } => run::check(
+            run::cargo()
+                .args(["run", "--release", "--quiet", "--package", "redline"])
+                .args(["--bin", "redline-export", "--", "--checkpoint"])
+                .arg(&checkpoint)
+                .arg("--out")
+                .arg(&out),
+        ),
     }
 }

@@ -68,8 +68,13 @@ pub fn save(path: &Path, tensors: &[(String, Tensor)], progress: Progress) -> Re
         "seed": progress.seed.to_string(),
     });
     header.insert("__metadata__".into(), meta);
-    let mut text = serde_json::to_string(&Value::Object(header))
-        .map_err(|e| bad(path, format!("header: {e}")))?;
+    write_file(path, &Value::Object(header), &data)
+}
+
+/// Writes a safetensors file (header padded to 8 bytes, then the data) to a temporary file
+/// beside `path`, synced, then renamed over it.
+fn write_file(path: &Path, header: &Value, data: &[u8]) -> Result<()> {
+    let mut text = serde_json::to_string(header).map_err(|e| bad(path, format!("header: {e}")))?;
     // The format pads the header with spaces to a multiple of 8 bytes.
     while text.len() % 8 != 0 {
         text.push(' ');
@@ -82,7 +87,7 @@ pub fn save(path: &Path, tensors: &[(String, Tensor)], progress: Progress) -> Re
         let mut f = fs::File::create(&tmp)?;
         f.write_all(&(text.len() as u64).to_le_bytes())?;
         f.write_all(text.as_bytes())?;
-        f.write_all(&data)?;
+        f.write_all(data)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
     };
@@ -95,7 +100,77 @@ pub fn save(path: &Path, tensors: &[(String, Tensor)], progress: Progress) -> Re
 /// Reads `path` into `tensors`, which must match it name for name in dtype and shape (every
 /// one of them present: a checkpoint of another model is refused before anything is written).
 pub fn load(path: &Path, tensors: &[(String, Tensor)]) -> Result<Progress> {
-    let bytes = fs::read(path).map_err(|e| bad(path, e))?;
+    let meta = read_into(path, tensors)?;
+    let number = |k: &str| -> Result<u64> {
+        meta[k]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad(path, format!("metadata has no {k}")))
+    };
+    Ok(Progress {
+        step: number("step")?,
+        epoch: number("epoch")?,
+        index: number("index")?,
+        seed: number("seed")?,
+    })
+}
+
+/// Reads the tensors of any safetensors file into `tensors` as [`load`] does, without asking
+/// for redline's metadata: a state dict PyTorch saved (`safetensors.torch.save_file`), or the
+/// weights of a redline checkpoint. Entries the file has beyond `tensors` are ignored.
+pub fn load_weights(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    read_into(path, tensors).map(|_| ())
+}
+
+/// Writes the model weights of checkpoint `from` alone to `to`: every entry but the optimizer's
+/// and the scaler's, bytes unchanged, with the metadata PyTorch's `safetensors.torch.save_file`
+/// writes (`{"format": "pt"}`). Returns how many tensors it kept.
+pub fn export_weights(from: &Path, to: &Path) -> Result<usize> {
+    let bytes = fs::read(from).map_err(|e| bad(from, e))?;
+    let (header, data) = split(from, &bytes)?;
+    let mut kept = serde_json::Map::new();
+    let mut out_data = Vec::new();
+    for (name, entry) in &header {
+        if name == "__metadata__" || name.starts_with("optimizer.") || name.starts_with("scaler.") {
+            continue;
+        }
+        let range = data_range(from, name, entry, data.len(), None)?;
+        let begin = out_data.len();
+        out_data.extend_from_slice(&data[range]);
+        let mut entry = entry.clone();
+        entry["data_offsets"] = json!([begin, out_data.len()]);
+        kept.insert(name.clone(), entry);
+    }
+    let count = kept.len();
+    kept.insert("__metadata__".into(), json!({"format": "pt"}));
+    write_file(to, &Value::Object(kept), &out_data)?;
+    Ok(count)
+}
+
+/// An entry's byte range in a data section of `len` bytes (of exactly `bytes` when given).
+fn data_range(
+    path: &Path,
+    name: &str,
+    entry: &Value,
+    len: usize,
+    bytes: Option<usize>,
+) -> Result<std::ops::Range<usize>> {
+    let offsets: Vec<usize> = entry["data_offsets"]
+        .as_array()
+        .map(|o| {
+            o.iter()
+                .filter_map(|v| v.as_u64().map(|v| v as usize))
+                .collect()
+        })
+        .unwrap_or_default();
+    match offsets[..] {
+        [b, e] if b <= e && e <= len && bytes.is_none_or(|n| e - b == n) => Ok(b..e),
+        _ => Err(bad(path, format!("{name}: bad data offsets {offsets:?}"))),
+    }
+}
+
+/// A safetensors file's header (name → entry, `__metadata__` included) and its data bytes.
+fn split<'a>(path: &Path, bytes: &'a [u8]) -> Result<(BTreeMap<String, Value>, &'a [u8])> {
     let n = bytes
         .get(..8)
         .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) as usize)
@@ -105,7 +180,13 @@ pub fn load(path: &Path, tensors: &[(String, Tensor)]) -> Result<Progress> {
         .ok_or_else(|| bad(path, format!("header of {n} bytes runs past the file")))?;
     let header: BTreeMap<String, Value> =
         serde_json::from_slice(text).map_err(|e| bad(path, format!("header: {e}")))?;
-    let data = &bytes[8 + n..];
+    Ok((header, &bytes[8 + n..]))
+}
+
+/// The shared reader: checks every tensor first, then assigns; returns the file's metadata.
+fn read_into(path: &Path, tensors: &[(String, Tensor)]) -> Result<Value> {
+    let bytes = fs::read(path).map_err(|e| bad(path, e))?;
+    let (header, data) = split(path, &bytes)?;
     let mut plan = Vec::new();
     for (name, t) in tensors {
         let entry = header
@@ -130,35 +211,13 @@ pub fn load(path: &Path, tensors: &[(String, Tensor)]) -> Result<Progress> {
                 ),
             ));
         }
-        let offsets: Vec<usize> = entry["data_offsets"]
-            .as_array()
-            .map(|o| {
-                o.iter()
-                    .filter_map(|v| v.as_u64().map(|v| v as usize))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let range = match offsets[..] {
-            [b, e] if b <= e && e <= data.len() && e - b == t.numel() * t.dtype().size() => b..e,
-            _ => return Err(bad(path, format!("{name}: bad data offsets {offsets:?}"))),
-        };
+        let bytes = t.numel() * t.dtype().size();
+        let range = data_range(path, name, entry, data.len(), Some(bytes))?;
         plan.push((t, range));
     }
     for (t, range) in plan {
         let src = Tensor::from_bytes(data[range].to_vec(), t.dtype(), t.shape(), t.device())?;
         redline_tensor::no_grad(|| t.assign(&src))?;
     }
-    let meta = header.get("__metadata__").cloned().unwrap_or(Value::Null);
-    let number = |k: &str| -> Result<u64> {
-        meta[k]
-            .as_str()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| bad(path, format!("metadata has no {k}")))
-    };
-    Ok(Progress {
-        step: number("step")?,
-        epoch: number("epoch")?,
-        index: number("index")?,
-        seed: number("seed")?,
-    })
+    Ok(header.get("__metadata__").cloned().unwrap_or(Value::Null))
 }
