@@ -272,6 +272,11 @@ pub fn run(args: TestArgs) -> Result<()> {
     let mut failed = 0;
     let mut passed = 0;
     let mut skipped = 0;
+    let width = phases
+        .iter()
+        .map(|p| p.name.chars().count())
+        .max()
+        .unwrap_or(0);
     for p in &phases {
         let note = match &p.outcome {
             Outcome::Passed(n) | Outcome::Failed(n) | Outcome::Skipped(n) => n,
@@ -282,7 +287,7 @@ pub fn run(args: TestArgs) -> Result<()> {
             Outcome::Skipped(_) => skipped += 1,
         }
         eprintln!(
-            "{:<30} {:<8} {:>7.1}s  {note}",
+            "{:<width$} {:<8} {:>7.1}s  {note}",
             p.name,
             label(&p.outcome),
             p.seconds
