@@ -50,14 +50,15 @@ impl Progress {
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
         let width = 30;
         let filled = (self.done * width / self.total.max(1)).min(width) as usize;
+        let rate = self.done as f64 / secs;
         let line = format!(
-            "{prefix}{} [{}{}] {}/{} ({:.0}/s)",
+            "{prefix}{} [{}{}] {}/{} ({rate:.0}/s, {})",
             self.label,
             "#".repeat(filled),
             "-".repeat(width as usize - filled),
             self.done,
             self.total,
-            self.done as f64 / secs
+            eta(self.total.saturating_sub(self.done), rate)
         );
         // eprint! (not a raw stderr handle) so test harnesses capture it.
         if self.terminal {
@@ -65,5 +66,36 @@ impl Progress {
         } else {
             eprintln!("{line}");
         }
+    }
+}
+
+/// "ETA 1h02m", "ETA 3m05s", "ETA 12s" for `left` items at `rate` a second; "done" at the end.
+fn eta(left: u64, rate: f64) -> String {
+    if left == 0 {
+        return "done".into();
+    }
+    if rate <= 0.0 || !rate.is_finite() {
+        return "ETA ?".into();
+    }
+    let secs = (left as f64 / rate).ceil() as u64;
+    match secs {
+        s if s >= 3600 => format!("ETA {}h{:02}m", s / 3600, s % 3600 / 60),
+        s if s >= 60 => format!("ETA {}m{:02}s", s / 60, s % 60),
+        s => format!("ETA {s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eta;
+
+    #[test]
+    fn the_eta_reads_in_the_largest_sensible_units() {
+        assert_eq!(eta(0, 5.0), "done");
+        assert_eq!(eta(100, 0.0), "ETA ?");
+        assert_eq!(eta(90, 10.0), "ETA 9s");
+        assert_eq!(eta(1850, 10.0), "ETA 3m05s");
+        // ImageNet's 1.28 M images at 350 images a second.
+        assert_eq!(eta(1_281_167, 350.0), "ETA 1h01m");
     }
 }
