@@ -35,7 +35,7 @@ pub struct ImagenetArgs {
     /// fp32, fp16 or bf16 (default: fp16 on a GPU, fp32 on the CPU).
     #[arg(long, value_parser = ["fp32", "fp16", "bf16"])]
     precision: Option<String>,
-    /// cpu, wgpu, wgpu:<adapter> (default: the registry's best device).
+    /// cpu, wgpu, `wgpu:<adapter>` (default: the registry's best device).
     #[arg(long)]
     device: Option<String>,
     /// Measured steps (default: as many as fit in --seconds, at least 5).

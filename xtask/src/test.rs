@@ -213,6 +213,16 @@ pub fn run(args: TestArgs) -> Result<()> {
             )
         });
     }
+    // Every crate's API docs build without a warning (broken links, stray HTML): what a user
+    // of a single crate reads first.
+    phase("docs (cargo doc --no-deps)", &mut || {
+        cargo_phase(
+            run::cargo()
+                .args(["doc", "--no-deps", "--workspace"])
+                .args(&decoder)
+                .env("RUSTDOCFLAGS", "-D warnings"),
+        )
+    });
     phase("cargo test", &mut || {
         cargo_phase(run::cargo().args(["test", "--workspace"]).args(&decoder))
     });

@@ -33,7 +33,7 @@ pub struct TrainArgs {
     /// fp32, fp16 or bf16 (default: fp16 on a GPU, fp32 on the CPU).
     #[arg(long, value_parser = ["fp32", "fp16", "bf16"])]
     precision: Option<String>,
-    /// cpu, wgpu, wgpu:<adapter> (default: the registry's best device).
+    /// cpu, wgpu, `wgpu:<adapter>` (default: the registry's best device).
     #[arg(long)]
     device: Option<String>,
     /// Continue from a checkpoint this command wrote.

@@ -26,7 +26,7 @@ pub enum Kind {
 /// A device this machine offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
-    /// The name `by_name` accepts: "cpu", "wgpu:<adapter name>".
+    /// The name `by_name` accepts: `"cpu"`, `"wgpu:<adapter name>"`.
     pub name: String,
     pub kind: Kind,
     /// A software rasteriser posing as a GPU.
@@ -120,7 +120,7 @@ pub fn best() -> Result<Device> {
 }
 
 /// A device by name: "cpu", "cuda" (the first CUDA device), "cuda:N", "cuda-emulator", "wgpu"
-/// (the best wgpu adapter, software included), or "wgpu:<part of an adapter name>" (e.g.
+/// (the best wgpu adapter, software included), or `"wgpu:<part of an adapter name>"` (e.g.
 /// "wgpu:llvmpipe").
 pub fn by_name(name: &str) -> Result<Device> {
     select(Some(name)).map(|(_, device)| device)

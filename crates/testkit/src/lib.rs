@@ -3,7 +3,7 @@
 //! * [`strategies`] — proptest strategies for op cases: shapes with size-1 and odd axes,
 //!   non-contiguous and channels-last views, broadcasting pairs, values kept away from kinks
 //!   (relu at 0, ties of max) and outside domains (log of negatives).
-//! * [`gradcheck`] — the reference's backward against central finite differences in f64.
+//! * [`gradcheck`](mod@gradcheck) — the reference's backward against central finite differences in f64.
 //! * [`conformance`] — the one suite any backend runs with one call: every declared
 //!   (op, dtype) pair forward and backward against the reference with dtype-aware tolerances,
 //!   undeclared pairs must be refused, invalid inputs must be errors. It prints the matrix.

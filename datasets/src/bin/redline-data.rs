@@ -21,7 +21,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Convert an ImageFolder tree (DIR/<class>/<image>, or DIR/train + DIR/val) to shard sets.
+    /// Convert an ImageFolder tree (`DIR/<class>/<image>`, or `DIR/train` + `DIR/val`) to shard sets.
     Build {
         /// The ImageFolder tree.
         #[arg(long)]
