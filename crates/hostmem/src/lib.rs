@@ -38,3 +38,8 @@ pub enum HostMemError {
     #[error("the buffer pool was closed")]
     Closed,
 }
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -20,3 +20,8 @@ pub use decode::{scale_denominator, Codec, DecodeError, Decoded, Decoder, Image,
 pub use order::{Mode, Order, OrderError, Position, Uneven};
 pub use pipeline::{Batch, BatchStats, Config, Loader, LoaderError, OnBadSample, Skipped};
 pub use resize::{flip_horizontal, Crop, Resizer};
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -43,3 +43,8 @@ pub use manifest::{Manifest, ShardEntry, MANIFEST_FILE};
 pub use reader::{Access, OpenOptions, Record, ShardReader, VerifyReport};
 pub use set::ShardSet;
 pub use writer::{RecordInfo, SetOptions, SetWriter, ShardSummary, ShardWriter};
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -51,3 +51,8 @@ pub mod scalar {
     pub use crate::ops::norm::reference::{philox, uniform};
     pub use crate::ops::optim::reference::{adamw, sgd};
 }
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
