@@ -306,7 +306,13 @@ impl Cudnn {
                     h, one, p.x, ptr(x), p.y, ptr(y), c, a, ws.0, ws.1, zero, p.w, ptr(w)),
             }
         };
-        enqueued.map_err(|e| status(&format!("{:?} {plan:?}", plan.direction), e))
+        // A call cuDNN rejects enqueued nothing: the plan is refused from now on (our kernels
+        // run it) and the reason is kept for the report.
+        enqueued.map_err(|e| {
+            let why = status(&format!("{:?}", plan.direction), e);
+            self.plans.refuse(plan, why.clone());
+            why
+        })
     }
 }
 

@@ -190,6 +190,23 @@ impl CudaBackend {
         })
     }
 
+    /// Where a view's elements can be copied back from in row-major order: its own storage when
+    /// it is contiguous, else a temporary it is gathered into on the device (one copy back, not
+    /// one per run). The temporary is returned to keep it alive until the copy is enqueued; it
+    /// is then freed in stream order, after the copy.
+    fn row_major(&self, x: View<'_>) -> Result<(DevicePtr, Option<Storage>)> {
+        if x.layout.is_contiguous() {
+            let buffer = self.buffer(x.storage)?;
+            return Ok((
+                buffer.ptr.offset(x.layout.offset() * x.dtype().size()),
+                None,
+            ));
+        }
+        let dense = Layout::contiguous(x.layout.shape());
+        let gathered = self.convert(x, x.dtype(), &dense)?;
+        Ok((self.buffer(&gathered)?.ptr, Some(gathered)))
+    }
+
     /// The multi-tensor ops' slots: tensor i's storages from each list (param, grad, states).
     fn slots(&self, lists: &[&[&Storage]]) -> Result<Vec<ops::optim::Slot>> {
         let count = lists.first().map_or(0, |l| l.len());
@@ -276,40 +293,25 @@ impl Backend for CudaBackend {
 
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
         let _range = nvtx::range("download");
-        let size = x.dtype().size();
-        let mut bytes = vec![0u8; x.layout.numel() * size];
+        let mut bytes = vec![0u8; x.layout.numel() * x.dtype().size()];
         if bytes.is_empty() {
             return Ok(bytes);
         }
         self.transfers.downloads.fetch_add(1, Ordering::Relaxed);
-        if x.layout.is_contiguous() {
-            let at = self.buffer(x.storage)?.ptr.offset(x.layout.offset() * size);
-            self.gpu.download(at, &mut bytes)?;
-        } else {
-            // Gather into row-major order on the device first: one copy back, not one per run.
-            let dense = Layout::contiguous(x.layout.shape());
-            let tmp = self.convert(x, x.dtype(), &dense)?;
-            self.gpu.download(self.buffer(&tmp)?.ptr, &mut bytes)?;
-        }
+        let (at, _gathered) = self.row_major(x)?;
+        self.gpu.download(at, &mut bytes)?;
         Ok(bytes)
     }
 
     fn download_async(&self, x: View<'_>) -> Result<Download> {
         let _range = nvtx::range("download_async");
-        let size = x.dtype().size();
-        let len = x.layout.numel() * size;
+        let len = x.layout.numel() * x.dtype().size();
         if len == 0 {
             return Ok(Download::ready(Vec::new()));
         }
         self.transfers.downloads.fetch_add(1, Ordering::Relaxed);
-        if x.layout.is_contiguous() {
-            let at = self.buffer(x.storage)?.ptr.offset(x.layout.offset() * size);
-            return self.gpu.download_async(at, len);
-        }
-        // Gathered on the device first; the temporary is freed in stream order, after the copy.
-        let dense = Layout::contiguous(x.layout.shape());
-        let tmp = self.convert(x, x.dtype(), &dense)?;
-        self.gpu.download_async(self.buffer(&tmp)?.ptr, len)
+        let (at, _gathered) = self.row_major(x)?;
+        self.gpu.download_async(at, len)
     }
 
     fn timestamp(&self) -> Result<Option<Timestamp>> {

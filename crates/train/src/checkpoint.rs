@@ -147,6 +147,17 @@ pub fn export_weights(from: &Path, to: &Path) -> Result<usize> {
     Ok(count)
 }
 
+/// A header's JSON array of sizes or offsets (empty when it is not one).
+fn usizes(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d.as_u64().map(|d| d as usize))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// An entry's byte range in a data section of `len` bytes (of exactly `bytes` when given).
 fn data_range(
     path: &Path,
@@ -155,14 +166,7 @@ fn data_range(
     len: usize,
     bytes: Option<usize>,
 ) -> Result<std::ops::Range<usize>> {
-    let offsets: Vec<usize> = entry["data_offsets"]
-        .as_array()
-        .map(|o| {
-            o.iter()
-                .filter_map(|v| v.as_u64().map(|v| v as usize))
-                .collect()
-        })
-        .unwrap_or_default();
+    let offsets = usizes(&entry["data_offsets"]);
     match offsets[..] {
         [b, e] if b <= e && e <= len && bytes.is_none_or(|n| e - b == n) => Ok(b..e),
         _ => Err(bad(path, format!("{name}: bad data offsets {offsets:?}"))),
@@ -193,14 +197,7 @@ fn read_into(path: &Path, tensors: &[(String, Tensor)]) -> Result<Value> {
             .get(name)
             .ok_or_else(|| bad(path, format!("no tensor {name:?}")))?;
         let dtype = entry["dtype"].as_str().unwrap_or("?");
-        let shape: Vec<usize> = entry["shape"]
-            .as_array()
-            .map(|s| {
-                s.iter()
-                    .filter_map(|d| d.as_u64().map(|d| d as usize))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let shape = usizes(&entry["shape"]);
         if dtype != dtype_name(t.dtype()) || shape != t.shape() {
             return Err(bad(
                 path,
