@@ -7,6 +7,8 @@ use image::imageops::FilterType;
 use image::{GenericImageView, ImageFormat};
 use redline_shard::{Encoding, RecordInfo, SetOptions, SetWriter};
 
+pub use crate::journal::Skipped;
+use crate::journal::{self, Journal, JOURNAL_FILE};
 use crate::parallel::ordered_map;
 use crate::progress::Progress;
 use crate::synth::encode_jpeg;
@@ -43,13 +45,6 @@ impl Default for ConvertOptions {
             val_synsets: None,
         }
     }
-}
-
-/// A file that was not converted, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Skipped {
-    pub path: PathBuf,
-    pub reason: String,
 }
 
 /// One written set.
@@ -141,6 +136,7 @@ fn convert_set(
     options: &ConvertOptions,
     skipped: &mut Vec<Skipped>,
 ) -> Result<SetSummary, DataError> {
+    let label = if name.is_empty() { "set" } else { name };
     let mut set_options =
         SetOptions::images(if name.is_empty() { "all" } else { name }, classes.to_vec());
     set_options.shard_bytes = options.shard_bytes;
@@ -152,25 +148,79 @@ fn convert_set(
         "jpeg_quality".into(),
         options.max_side.map(|_| options.quality).into(),
     );
-    let mut writer = SetWriter::create(dst, set_options)?;
-    let mut progress = Progress::new(
-        format!("build {}", if name.is_empty() { "set" } else { name }),
-        files.len() as u64,
-    );
-    let mut images = 0;
+
+    fs::create_dir_all(dst).map_err(|e| DataError::io(dst, e))?;
+    let fingerprint = journal::fingerprint(&set_options, &files);
+    let mut journal = match Journal::find(dst)? {
+        Some(found) if found.fingerprint != fingerprint || found.inputs != files.len() as u64 => {
+            return Err(DataError::Invalid {
+                path: dst.join(JOURNAL_FILE),
+                what: format!(
+                    "this folder holds a build of other inputs or options ({} of {} inputs;                      this build is {} of {}); remove it or choose another --out",
+                    found.fingerprint,
+                    found.inputs,
+                    fingerprint,
+                    files.len()
+                ),
+            });
+        }
+        Some(found) => found,
+        None => {
+            let fresh = Journal::start(fingerprint, files.len() as u64);
+            fresh.write(dst)?;
+            fresh
+        }
+    };
+    if journal.complete {
+        eprintln!(
+            "{label}: already built in {} ({JOURNAL_FILE}), nothing to do",
+            dst.display()
+        );
+        skipped.extend(journal.skipped.iter().cloned());
+        return Ok(SetSummary {
+            name: name.into(),
+            dir: dst.to_path_buf(),
+            images: journal.images,
+            bytes: journal.shards.iter().map(|s| s.bytes).sum(),
+            shards: journal.shards.len(),
+        });
+    }
+    let start = journal.next_input as usize;
+    if start > 0 {
+        eprintln!(
+            "{label}: resuming after {} finished shard(s), at input {start} of {}",
+            journal.shards.len(),
+            files.len()
+        );
+    }
+    // With no shard finished this also clears what a build killed before its first one left.
+    let mut writer = SetWriter::resume(dst, set_options, &journal.shards)?;
+    let mut progress =
+        Progress::starting_at(format!("build {label}"), files.len() as u64, start as u64);
+    let mut images = journal.images;
     ordered_map(
-        files.len(),
+        files.len() - start,
         options.threads,
-        |i| prepare(&files[i].0, options),
+        |i| prepare(&files[start + i].0, options),
         |i, prepared| {
+            let i = start + i;
             progress.inc(1);
             let (path, label) = &files[i];
             match prepared {
                 Ok(p) => {
+                    let finished = writer.shards_finished();
                     writer.append(
                         RecordInfo::image(*label, p.width, p.height, &p.bytes),
                         &p.bytes,
                     )?;
+                    if writer.shards_finished() > finished {
+                        // This record opened a new shard: every input before it is now in a
+                        // finished shard or skipped.
+                        journal.next_input = i as u64;
+                        journal.images = images;
+                        journal.shards = writer.shard_entries();
+                        journal.write(dst)?;
+                    }
                     images += 1;
                     Ok(())
                 }
@@ -179,7 +229,7 @@ fn convert_set(
                     reason,
                 }),
                 Err(reason) => {
-                    skipped.push(Skipped {
+                    journal.skipped.push(Skipped {
                         path: path.clone(),
                         reason,
                     });
@@ -190,6 +240,12 @@ fn convert_set(
     )?;
     progress.finish();
     let manifest = writer.finish()?;
+    journal.next_input = files.len() as u64;
+    journal.images = images;
+    journal.shards = manifest.shards.clone();
+    journal.complete = true;
+    journal.write(dst)?;
+    skipped.extend(journal.skipped.iter().cloned());
     Ok(SetSummary {
         name: name.into(),
         dir: dst.to_path_buf(),

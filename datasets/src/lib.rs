@@ -5,12 +5,14 @@
 //! * [`val_labels`] — labels of ImageNet's flat validation folder (Kaggle's CSV, the devkit's
 //!   ground truth).
 //! * [`convert`] — converts ImageFolder trees to shard sets on every core, optionally resizing and
-//!   re-encoding, skipping (and reporting) unreadable files.
+//!   re-encoding, skipping (and reporting) unreadable files; resumable after a kill.
+//! * [`journal`] — `build.json`, where a set's conversion stands.
 //!
 //! Nothing here is needed to *read* shards: that is `redline-shard` alone.
 
 pub mod convert;
 pub mod generate;
+pub mod journal;
 mod parallel;
 mod progress;
 mod rng;

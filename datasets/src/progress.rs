@@ -7,6 +7,8 @@ pub struct Progress {
     label: String,
     total: u64,
     done: u64,
+    /// Items already done when this run started (a resumed build): not part of the rate.
+    base: u64,
     start: Instant,
     last_draw: Instant,
     last_tenth: u64,
@@ -15,14 +17,20 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(label: impl Into<String>, total: u64) -> Self {
+        Self::starting_at(label, total, 0)
+    }
+
+    /// A progress line for work of which `done` items were finished before this run.
+    pub fn starting_at(label: impl Into<String>, total: u64, done: u64) -> Self {
         let now = Instant::now();
         Self {
             label: label.into(),
             total,
-            done: 0,
+            done,
+            base: done,
             start: now,
             last_draw: now,
-            last_tenth: 0,
+            last_tenth: done * 10 / total.max(1),
             terminal: std::io::stderr().is_terminal(),
         }
     }
@@ -50,7 +58,7 @@ impl Progress {
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
         let width = 30;
         let filled = (self.done * width / self.total.max(1)).min(width) as usize;
-        let rate = self.done as f64 / secs;
+        let rate = (self.done - self.base) as f64 / secs;
         let line = format!(
             "{prefix}{} [{}{}] {}/{} ({rate:.0}/s, {})",
             self.label,

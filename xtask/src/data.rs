@@ -1,5 +1,5 @@
 //! `--data PATH` for the commands that train: shards as they are, or an ImageFolder tree
-//! converted to shards once (cached, keyed by the tree's path).
+//! converted to shards once (cached, keyed by the tree's path; an interrupted conversion resumes).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -26,12 +26,19 @@ pub fn shards(path: &Path, work: &Path) -> Result<PathBuf> {
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
     let out = work.join(format!("folder{key}"));
-    if !is_set(&out) && !is_set(&out.join("train")) {
+    // Written once the build exits cleanly. Until then the build is simply run again: it resumes
+    // from its journals (build.json), so an interrupted conversion is not started over.
+    let converted = out.join("converted");
+    if !converted.exists() {
+        let journal = |p: &Path| p.join("build.json").exists();
+        if out.exists() && !journal(&out) && !journal(&out.join("train")) {
+            // A cache written before builds kept journals: it cannot be resumed.
+            fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
+        }
         eprintln!(
-            "converting the ImageFolder tree {} to shards once",
+            "converting the ImageFolder tree {} to shards once (resumed if interrupted)",
             abs.display()
         );
-        let _ = fs::remove_dir_all(&out);
         let mut build = run::data_tool_command(Profile::Release);
         build
             .args(["build", "--from-folder"])
@@ -39,6 +46,7 @@ pub fn shards(path: &Path, work: &Path) -> Result<PathBuf> {
             .arg("--out")
             .arg(&out);
         run::check(&mut build)?;
+        fs::write(&converted, b"").with_context(|| format!("writing {}", converted.display()))?;
     }
     if !is_set(&out) && !is_set(&out.join("train")) {
         bail!("--data {}: no shard set after conversion", path.display());

@@ -42,7 +42,7 @@ pub use format::{Encoding, IndexEntry, Metadata, ShardInfo, IMAGE_SCHEMA};
 pub use manifest::{Manifest, ShardEntry, MANIFEST_FILE};
 pub use reader::{Access, OpenOptions, Record, ShardReader, VerifyReport};
 pub use set::ShardSet;
-pub use writer::{RecordInfo, SetOptions, SetWriter, ShardSummary, ShardWriter};
+pub use writer::{write_durably, RecordInfo, SetOptions, SetWriter, ShardSummary, ShardWriter};
 
 /// The README's example, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

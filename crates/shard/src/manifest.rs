@@ -1,13 +1,12 @@
 //! `manifest.json`: the list of shards in a set, with the counts and checksums that pin them.
 
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::format::VERSION;
-use crate::writer::rename_durably;
+use crate::writer::write_durably;
 use crate::{Result, ShardError};
 
 /// File name of the manifest inside a shard-set directory.
@@ -107,17 +106,11 @@ impl Manifest {
 
     /// Writes the manifest atomically (temp file, fsync, rename).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("json.tmp");
-        let json = serde_json::to_vec_pretty(self).map_err(|e| ShardError::InvalidInput {
+        let mut json = serde_json::to_vec_pretty(self).map_err(|e| ShardError::InvalidInput {
             path: path.to_path_buf(),
             what: format!("manifest does not serialise: {e}"),
         })?;
-        let mut file = fs::File::create(&tmp).map_err(|e| ShardError::io(&tmp, e))?;
-        file.write_all(&json)
-            .and_then(|()| file.write_all(b"\n"))
-            .and_then(|()| file.sync_all())
-            .map_err(|e| ShardError::io(&tmp, e))?;
-        drop(file);
-        rename_durably(&tmp, path)
+        json.push(b'\n');
+        write_durably(path, &json)
     }
 }

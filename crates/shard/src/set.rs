@@ -2,9 +2,37 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::manifest::{Manifest, MANIFEST_FILE};
+use crate::manifest::{Manifest, ShardEntry, MANIFEST_FILE};
 use crate::reader::{Access, OpenOptions, Record, ShardReader, VerifyReport};
 use crate::{Result, ShardError};
+
+/// How `shard` differs from its manifest line `entry` (and the set's classes and schema), as a
+/// sentence naming both; `None` when it is the shard the line describes.
+pub(crate) fn entry_mismatch(
+    shard: &ShardReader,
+    entry: &ShardEntry,
+    classes: &[String],
+    schema: &str,
+) -> Option<String> {
+    let header = shard.header();
+    let found = if shard.len() != entry.records {
+        format!("{} records", shard.len())
+    } else if shard.file_len() != entry.bytes {
+        format!("{} bytes", shard.file_len())
+    } else if header.table_crc32c != entry.table_crc32c {
+        format!("table CRC32C {:#010x}", header.table_crc32c)
+    } else if shard.metadata().classes != classes {
+        "different classes".to_string()
+    } else if shard.metadata().schema != schema {
+        format!("schema {:?}", shard.metadata().schema)
+    } else {
+        return None;
+    };
+    Some(format!(
+        "shard {} has {found}, not what the manifest lists ({} records, {} bytes, table CRC32C {:#010x})",
+        entry.file, entry.records, entry.bytes, entry.table_crc32c
+    ))
+}
 
 /// An open shard set. Record `g` (global index) is found in O(1): see [`ShardSet::locate`].
 pub struct ShardSet {
@@ -33,27 +61,11 @@ impl ShardSet {
         let mut starts = vec![0u64];
         for entry in &manifest.shards {
             let shard = ShardReader::open_with(dir.join(&entry.file), options)?;
-            let header = shard.header();
-            let mismatch = if shard.len() != entry.records {
-                Some(format!("{} records", shard.len()))
-            } else if shard.file_len() != entry.bytes {
-                Some(format!("{} bytes", shard.file_len()))
-            } else if header.table_crc32c != entry.table_crc32c {
-                Some(format!("table CRC32C {:#010x}", header.table_crc32c))
-            } else if shard.metadata().classes != manifest.classes {
-                Some("different classes".to_string())
-            } else if shard.metadata().schema != manifest.schema {
-                Some(format!("schema {:?}", shard.metadata().schema))
-            } else {
-                None
-            };
-            if let Some(found) = mismatch {
+            let mismatch = entry_mismatch(&shard, entry, &manifest.classes, &manifest.schema);
+            if let Some(what) = mismatch {
                 return Err(ShardError::Manifest {
                     path: manifest_path,
-                    what: format!(
-                        "shard {} has {found}, not what the manifest lists ({} records, {} bytes, table CRC32C {:#010x})",
-                        entry.file, entry.records, entry.bytes, entry.table_crc32c
-                    ),
+                    what,
                 });
             }
             starts.push(starts[starts.len() - 1] + shard.len());

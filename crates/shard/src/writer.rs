@@ -9,6 +9,8 @@ use crate::format::{
     PAGE_SIZE, TABLE_CRC_OFFSET,
 };
 use crate::manifest::{Manifest, ShardEntry, MANIFEST_FILE};
+use crate::reader::ShardReader;
+use crate::set::entry_mismatch;
 use crate::{Result, ShardError};
 
 /// What the index says about a record besides its bytes.
@@ -203,6 +205,25 @@ impl Drop for ShardWriter {
     }
 }
 
+/// The file name of shard `ordinal` in a set.
+fn shard_file_name(ordinal: u64) -> String {
+    format!("shard-{ordinal:05}.rdl")
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a torn
+/// one: a temp file beside it (`NAME.tmp`), fsync, rename, fsync of the directory.
+pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let mut file = File::create(&tmp).map_err(|e| ShardError::io(&tmp, e))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| ShardError::io(&tmp, e))?;
+    drop(file);
+    rename_durably(&tmp, path)
+}
+
 /// Renames `from` to `to` and fsyncs the directory so the rename itself survives a crash.
 pub(crate) fn rename_durably(from: &Path, to: &Path) -> Result<()> {
     fs::rename(from, to).map_err(|e| ShardError::io(to, e))?;
@@ -278,23 +299,87 @@ impl SetWriter {
         writer.append(info, bytes).map(|_| ())
     }
 
-    fn start_shard(&self) -> Result<ShardWriter> {
-        let ordinal = self.finished.len() as u64;
-        let mut metadata = Metadata::images(self.options.classes.clone());
-        metadata.schema = self.options.schema.clone();
-        metadata.params = self.options.params.clone();
-        metadata.shard = Some(ShardInfo {
-            set: self.options.name.clone(),
-            ordinal,
-        });
-        ShardWriter::create(self.dir.join(format!("shard-{ordinal:05}.rdl")), metadata)
+    /// Continues a set whose first shards an earlier writer finished before it stopped (a build
+    /// that was killed): `done` are those shards' manifest lines, in order, as
+    /// [`shard_entries`](Self::shard_entries) returned them. Each is opened and checked against
+    /// its line and against the metadata `options` give it; shard files after them, leftover temp
+    /// files and a stale manifest are removed. Appending the records that followed the last
+    /// finished shard then writes the same set, byte for byte, as a writer that never stopped.
+    pub fn resume(
+        dir: impl Into<PathBuf>,
+        options: SetOptions,
+        done: &[ShardEntry],
+    ) -> Result<Self> {
+        let dir = dir.into();
+        let mut writer = Self {
+            dir,
+            options,
+            current: None,
+            finished: Vec::with_capacity(done.len()),
+        };
+        for (ordinal, entry) in done.iter().enumerate() {
+            let path = writer.dir.join(&entry.file);
+            let bad = |what: String| ShardError::InvalidInput {
+                path: path.clone(),
+                what: format!("cannot resume the set: {what}"),
+            };
+            if entry.file != shard_file_name(ordinal as u64) {
+                return Err(bad(format!(
+                    "shard {ordinal} is not named {}",
+                    shard_file_name(ordinal as u64)
+                )));
+            }
+            let shard = ShardReader::open(&path)?;
+            let expected = writer.shard_metadata(ordinal as u64);
+            if let Some(what) = entry_mismatch(&shard, entry, &expected.classes, &expected.schema) {
+                return Err(bad(what));
+            }
+            if *shard.metadata() != expected {
+                return Err(bad(
+                    "the shard was written with other set options (name, parameters or ordinal)"
+                        .into(),
+                ));
+            }
+            writer.finished.push(ShardSummary {
+                path,
+                records: entry.records,
+                bytes: entry.bytes,
+                table_crc32c: entry.table_crc32c,
+            });
+        }
+        writer.remove_unfinished()?;
+        Ok(writer)
     }
 
-    /// Finishes the last shard and writes the manifest.
-    pub fn finish(mut self) -> Result<Manifest> {
-        self.finish_current()?;
-        let shards: Vec<ShardEntry> = self
-            .finished
+    /// Removes what a stopped writer may have left after its last finished shard.
+    fn remove_unfinished(&self) -> Result<()> {
+        let dir = &self.dir;
+        for entry in fs::read_dir(dir).map_err(|e| ShardError::io(dir, e))? {
+            let entry = entry.map_err(|e| ShardError::io(dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let later_shard = name
+                .strip_prefix("shard-")
+                .and_then(|n| n.strip_suffix(".rdl"))
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|n| n >= self.finished.len() as u64);
+            if later_shard || name.ends_with(".tmp") || name == MANIFEST_FILE {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|e| ShardError::io(&path, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How many shards are finished; it grows when an append starts a new shard, so everything
+    /// appended before that record is in finished shards.
+    pub fn shards_finished(&self) -> usize {
+        self.finished.len()
+    }
+
+    /// The manifest lines of the shards finished so far. A caller that records them (with where
+    /// its input stood) can [`resume`](Self::resume) after being stopped.
+    pub fn shard_entries(&self) -> Vec<ShardEntry> {
+        self.finished
             .iter()
             .map(|s| ShardEntry {
                 file: s
@@ -307,7 +392,32 @@ impl SetWriter {
                 bytes: s.bytes,
                 table_crc32c: s.table_crc32c,
             })
-            .collect();
+            .collect()
+    }
+
+    fn shard_metadata(&self, ordinal: u64) -> Metadata {
+        let mut metadata = Metadata::images(self.options.classes.clone());
+        metadata.schema = self.options.schema.clone();
+        metadata.params = self.options.params.clone();
+        metadata.shard = Some(ShardInfo {
+            set: self.options.name.clone(),
+            ordinal,
+        });
+        metadata
+    }
+
+    fn start_shard(&self) -> Result<ShardWriter> {
+        let ordinal = self.finished.len() as u64;
+        ShardWriter::create(
+            self.dir.join(shard_file_name(ordinal)),
+            self.shard_metadata(ordinal),
+        )
+    }
+
+    /// Finishes the last shard and writes the manifest.
+    pub fn finish(mut self) -> Result<Manifest> {
+        self.finish_current()?;
+        let shards = self.shard_entries();
         let manifest = Manifest::new(
             &self.options.schema,
             self.options.classes.clone(),
