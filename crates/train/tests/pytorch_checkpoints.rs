@@ -116,4 +116,14 @@ fn a_redline_checkpoint_is_torchvisions_state_dict_plus_optimizer_and_scaler() {
         report.contains("scaler"),
         "the scaler's state is in the same file: {report}"
     );
+
+    // `cargo xtask export` (redline-export): the weights alone, nothing besides them.
+    let weights = dir.path().join("weights.safetensors");
+    assert_eq!(checkpoint::export_weights(&ckpt, &weights).unwrap(), 122);
+    let report = python(&["check", weights.to_str().unwrap()]);
+    println!("{report}");
+    assert!(
+        report.contains("122 model entries as torchvision's; besides them: []"),
+        "{report}"
+    );
 }
