@@ -30,31 +30,3 @@ pub fn export_folder(
     }
     Ok(())
 }
-
-/// The benchmark binaries' `--name value` arguments (they are driven by `cargo xtask bench`,
-/// which owns the user-facing flags and their help).
-pub struct Flags(Vec<String>);
-
-impl Flags {
-    pub fn from_env() -> Self {
-        Self(std::env::args().skip(1).collect())
-    }
-
-    /// Whether the switch `name` was given.
-    pub fn has(&self, name: &str) -> bool {
-        self.0.iter().any(|a| a == name)
-    }
-
-    /// The value after `name`, if given.
-    pub fn get(&self, name: &str) -> Option<String> {
-        let i = self.0.iter().position(|a| a == name)?;
-        self.0.get(i + 1).cloned()
-    }
-
-    /// The number after `name`, if given; an error naming the flag if it is not a number.
-    pub fn number(&self, name: &str) -> Result<Option<usize>, String> {
-        self.get(name)
-            .map(|v| v.parse().map_err(|e| format!("{name} {v}: {e}")))
-            .transpose()
-    }
-}

@@ -21,7 +21,7 @@ pub mod val_labels;
 
 use std::path::PathBuf;
 
-pub use parallel::all_cores;
+pub use parallel::{all_cores, ordered_map};
 
 /// What can go wrong making a dataset.
 #[derive(Debug, thiserror::Error)]

@@ -10,18 +10,70 @@
 //! `--steps` (or `--seconds` have passed and at least 5 steps ran).
 
 use std::error::Error;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::Parser;
 use redline::registry::{self, Kind};
 use redline_benches::op_profile::{OpProfile, OpRow};
-use redline_benches::Flags;
 use redline_loader::{Config, Loader, Position};
 use redline_nn::{named_parameters, AdamW, ParamGroup, ResNet, ResNetConfig};
 use redline_shard::ShardSet;
 use redline_train::{chrome_trace, svg, Precision, Summary, TrainConfig, Trainer};
 use serde_json::json;
+
+/// ResNet training throughput end to end, each step split into its phases.
+#[derive(Parser)]
+#[command(name = "bench-imagenet")]
+struct Cli {
+    /// A shard set (the training images).
+    #[arg(long)]
+    shards: PathBuf,
+    /// The JSON report.
+    #[arg(long)]
+    out: PathBuf,
+    /// A device by name [default: the registry's best].
+    #[arg(long)]
+    device: Option<String>,
+    /// resnet18, resnet34 or resnet50 [default: resnet50; resnet18 on a software device].
+    #[arg(long)]
+    model: Option<String>,
+    /// Training resolution [default: 224; 32 on a software device].
+    #[arg(long)]
+    res: Option<usize>,
+    /// Images per step [default: 8; 4 on a software device].
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Training precision [default: fp16 on a GPU, fp32 on the CPU or a software device].
+    #[arg(long, value_parser = ["fp32", "fp16", "bf16"])]
+    precision: Option<String>,
+    /// Loader threads [default: every core].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Steps before the measurement starts.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Measure exactly this many steps (else --seconds, and at least 5 steps).
+    #[arg(long)]
+    steps: Option<usize>,
+    /// The measurement's budget when --steps is not given.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Time every op on the host and print the table at the end.
+    #[arg(long)]
+    profile_ops: bool,
+    /// Also write the img/s and phase charts as SVG here.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Also write a Chrome trace of the first measured steps here.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Also write the records as an ImageFolder tree here (for the PyTorch side).
+    #[arg(long)]
+    folder: Option<PathBuf>,
+}
 
 fn main() -> ExitCode {
     match run() {
@@ -36,15 +88,11 @@ fn main() -> ExitCode {
 type Res<T> = Result<T, Box<dyn Error>>;
 
 fn run() -> Res<()> {
-    let flags = Flags::from_env();
-    let flag = |name: &str| flags.get(name);
-    let number = |name: &str| flags.number(name);
-    let shards = flag("--shards").ok_or("--shards DIR is required")?;
-    let out = flag("--out").ok_or("--out PATH is required")?;
-    let (candidate, device) = registry::select(flag("--device").as_deref())?;
+    let cli = Cli::parse();
+    let (candidate, device) = registry::select(cli.device.as_deref())?;
     // Every op timed on the host into a table printed at the end (exact on the synchronous
     // CPU backend; on an asynchronous device it times the enqueue).
-    let (device, profile) = if flags.has("--profile-ops") {
+    let (device, profile) = if cli.profile_ops {
         let (device, profile) = OpProfile::wrap(device);
         (device, Some(profile))
     } else {
@@ -58,25 +106,25 @@ fn run() -> Res<()> {
     } else {
         ("resnet50", 224, 8)
     };
-    let model_name = flag("--model").unwrap_or_else(|| default_model.into());
+    let model_name = cli.model.unwrap_or_else(|| default_model.into());
     let resnet = ResNetConfig::named(&model_name)?;
-    let res = number("--res")?.unwrap_or(default_res);
-    let batch = number("--batch")?.unwrap_or(default_batch);
-    let precision: Precision = match flag("--precision") {
+    let res = cli.res.unwrap_or(default_res);
+    let batch = cli.batch.unwrap_or(default_batch);
+    let precision: Precision = match cli.precision {
         Some(p) => p.parse()?,
         // AMP where the device has fast half precision; the CPU backend's is f32.
         None if candidate.kind == Kind::Cpu || software => Precision::Fp32,
         None => Precision::Fp16,
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = number("--workers")?.unwrap_or(cores);
-    let warmup = number("--warmup")?.unwrap_or(2);
-    let max_steps = number("--steps")?;
-    let seconds = number("--seconds")?.unwrap_or(60) as f64;
+    let workers = cli.workers.unwrap_or(cores);
+    let (warmup, max_steps, seconds) = (cli.warmup, cli.steps, cli.seconds as f64);
 
-    let set = Arc::new(ShardSet::open(&shards).map_err(|e| format!("{shards}: {e}"))?);
-    if let Some(folder) = flag("--folder") {
-        redline_benches::export_folder(&set, std::path::Path::new(&folder))?;
+    let set = Arc::new(
+        ShardSet::open(&cli.shards).map_err(|e| format!("{}: {e}", cli.shards.display()))?,
+    );
+    if let Some(folder) = &cli.folder {
+        redline_benches::export_folder(&set, folder)?;
     }
     let model = ResNet::new(resnet, &device)?;
     let macs = model.macs_per_image(res)?;
@@ -174,16 +222,16 @@ fn run() -> Res<()> {
     for (k, v) in extra.as_object().into_iter().flatten() {
         report[k] = v.clone();
     }
-    std::fs::write(&out, serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(&cli.out, serde_json::to_string_pretty(&report)?)?;
     let title = format!(
         "{model_name} {res}px batch {batch} {precision} on {}: {:.2} img/s",
         device.name(),
         summary.images_per_sec
     );
-    if let Some(path) = flag("--svg") {
+    if let Some(path) = &cli.svg {
         std::fs::write(path, svg(&times, batch, &title))?;
     }
-    if let Some(path) = flag("--trace") {
+    if let Some(path) = &cli.trace {
         let few = &times[..times.len().min(10)];
         std::fs::write(path, serde_json::to_string(&chrome_trace(few))?)?;
     }

@@ -5,13 +5,43 @@
 //! one core, on the same images. `--folder DIR` also writes the records as an ImageFolder tree
 //! (for the PyTorch side). `cargo xtask bench loader` drives it.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use redline_loader::{Codec, Config, Decoder, Loader, Position};
 use redline_shard::ShardSet;
 use serde_json::json;
+
+/// The loader's training pipeline, and each JPEG codec's decode rate, on the same shards.
+#[derive(Parser)]
+#[command(name = "bench-loader")]
+struct Cli {
+    /// A shard set.
+    #[arg(long)]
+    shards: PathBuf,
+    /// The JSON report.
+    #[arg(long)]
+    out: PathBuf,
+    /// Loader threads [default: every core].
+    #[arg(long)]
+    workers: Option<usize>,
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    #[arg(long, default_value_t = 224)]
+    res: usize,
+    /// How long the pipeline runs after its warm-up batch.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// The JPEG codec by name [default: the fastest built in].
+    #[arg(long)]
+    codec: Option<String>,
+    /// Also write the records as an ImageFolder tree here (for the PyTorch side).
+    #[arg(long)]
+    folder: Option<PathBuf>,
+}
 
 fn main() -> ExitCode {
     match run() {
@@ -24,26 +54,18 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let flags = redline_benches::Flags::from_env();
-    let flag = |name: &str| flags.get(name);
-    let number = |name: &str, default: usize| -> Result<usize, Box<dyn std::error::Error>> {
-        Ok(flags.number(name)?.unwrap_or(default))
-    };
-    let shards = flag("--shards").ok_or("--shards DIR is required")?;
-    let out = flag("--out").ok_or("--out PATH is required")?;
+    let cli = Cli::parse();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (workers, batch, res) = (
-        number("--workers", cores)?,
-        number("--batch", 64)?,
-        number("--res", 224)?,
+    let (workers, batch, res) = (cli.workers.unwrap_or(cores), cli.batch, cli.res);
+    let seconds = cli.seconds as f64;
+    let set = Arc::new(
+        ShardSet::open(&cli.shards).map_err(|e| format!("{}: {e}", cli.shards.display()))?,
     );
-    let seconds = number("--seconds", 20)? as f64;
-    let set = Arc::new(ShardSet::open(&shards)?);
-    if let Some(folder) = flag("--folder") {
-        redline_benches::export_folder(&set, std::path::Path::new(&folder))?;
+    if let Some(folder) = &cli.folder {
+        redline_benches::export_folder(&set, folder)?;
     }
 
-    let codec = match flag("--codec") {
+    let codec = match cli.codec {
         None => Codec::best(),
         Some(name) => *Codec::available()
             .iter()
@@ -105,6 +127,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "data_stall": loader.data_stall(),
         "decoder": codec.name(),
     });
-    std::fs::write(&out, serde_json::to_string_pretty(&report)? + "\n")?;
+    std::fs::write(&cli.out, serde_json::to_string_pretty(&report)? + "\n")?;
     Ok(())
 }

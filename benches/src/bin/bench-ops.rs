@@ -2,23 +2,33 @@
 //! and writes the results as JSON. On wgpu it runs the adapter-sized rows on the adapter and the
 //! same rows on the CPU backend, in the same run. `cargo xtask bench ops` drives it.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use redline_benches::ops::{measure, rows, Budget, Measured};
 use redline_tensor::{Device, Result};
 use serde_json::json;
 
+/// The op benchmark rows on one device, as JSON.
+#[derive(Parser)]
+#[command(name = "bench-ops")]
+struct Cli {
+    /// cpu, or wgpu (its adapter-sized rows, and the same rows on the CPU in the same run).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "wgpu"])]
+    device: String,
+    /// The JSON report.
+    #[arg(long)]
+    out: PathBuf,
+    /// Only the row with this name.
+    #[arg(long)]
+    only: Option<String>,
+}
+
 fn main() -> ExitCode {
-    let flags = redline_benches::Flags::from_env();
-    let flag = |name: &str| flags.get(name);
-    let device = flag("--device").unwrap_or_else(|| "cpu".into());
-    let Some(out) = flag("--out") else {
-        eprintln!("usage: bench-ops --device cpu|wgpu --out PATH [--only ROW]");
-        return ExitCode::from(2);
-    };
-    let only = flag("--only");
-    match run(&device, &out, only.as_deref()) {
+    let cli = Cli::parse();
+    match run(&cli.device, &cli.out, cli.only.as_deref()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench-ops: {e}");
@@ -27,7 +37,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(device: &str, out: &str, only: Option<&str>) -> std::result::Result<(), String> {
+fn run(device: &str, out: &Path, only: Option<&str>) -> std::result::Result<(), String> {
     let cpu = redline_cpu::CpuBackend::device();
     let report = match device {
         "cpu" => {
@@ -49,7 +59,7 @@ fn run(device: &str, out: &str, only: Option<&str>) -> std::result::Result<(), S
         other => return Err(format!("unknown device {other:?} (cpu or wgpu)")),
     };
     let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    std::fs::write(out, text + "\n").map_err(|e| format!("writing {out}: {e}"))
+    std::fs::write(out, text + "\n").map_err(|e| format!("writing {}: {e}", out.display()))
 }
 
 fn run_rows(
@@ -58,8 +68,15 @@ fn run_rows(
     only: Option<&str>,
     budget: Budget,
 ) -> std::result::Result<Vec<Measured>, String> {
-    rows(small)
-        .iter()
+    let all = rows(small);
+    if let Some(name) = only.filter(|o| !all.iter().any(|row| row.name == *o)) {
+        let known: Vec<_> = all.iter().map(|row| row.name.as_str()).collect();
+        return Err(format!(
+            "--only {name}: no such row; the rows are {}",
+            known.join(", ")
+        ));
+    }
+    all.iter()
         .filter(|row| only.is_none_or(|o| row.name == o))
         .map(|row| -> Result<Measured> {
             let m = measure(row, dev, budget)?;

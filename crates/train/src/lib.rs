@@ -2,6 +2,7 @@
 //! backward, optimizer) with autocast and GradScaler when the precision asks for them;
 //! evaluation with top-1/top-5; the per-step report as JSON, an SVG and a Chrome trace.
 
+mod chart;
 pub mod checkpoint;
 mod error;
 mod metrics;
@@ -11,11 +12,12 @@ mod report;
 mod timing;
 mod trainer;
 
+pub use chart::svg;
 pub use error::TrainError;
 pub use metrics::{top_k_correct, Evaluation};
 pub use precision::Precision;
 pub use recipe::progressive_res;
-pub use report::{chrome_trace, svg, Summary};
+pub use report::{chrome_trace, Summary};
 pub use timing::{percentile, Phase, PhaseClock, StepTimes};
 pub use trainer::{Inputs, Step, TrainConfig, Trainer, IMAGENET_MEAN, IMAGENET_STD};
 

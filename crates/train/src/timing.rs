@@ -54,6 +54,15 @@ pub struct StepTimes {
 }
 
 impl StepTimes {
+    /// Host-timed phases of the given milliseconds, for tests.
+    #[cfg(test)]
+    pub(crate) fn from_ms(ms: [u64; 5]) -> Self {
+        Self {
+            phases: ms.map(Duration::from_millis),
+            device_clock: false,
+        }
+    }
+
     pub fn get(&self, phase: Phase) -> Duration {
         self.phases[phase as usize]
     }

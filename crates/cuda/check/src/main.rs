@@ -1,19 +1,55 @@
 //! `redline-gpu-check [--json PATH] [--cases N] [--steps N] [--batch N] [--res N] [--model M]
-//! [--emulate]` on a GPU machine (`--emulate`: on the host emulator instead); `redline-gpu-check prepare DIR` where the pack is built. See the library docs.
+//! [--emulate]` on a GPU machine (`--emulate`: on the host emulator instead);
+//! `redline-gpu-check prepare DIR` where the pack is built. See the library docs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
+use redline_gpu_check::Options;
+
+/// Proves the CUDA backend on GPU 0: device and libraries, conformance, AMP, our own kernels,
+/// wgpu on the NVIDIA adapter and a training run, with a JSON report written as it goes.
+#[derive(Parser)]
+#[command(name = "redline-gpu-check", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// The JSON report, rewritten after every stage.
+    #[arg(long, default_value_os_t = Options::default().json)]
+    json: PathBuf,
+    /// Conformance cases per declared pair.
+    #[arg(long, default_value_t = Options::default().cases)]
+    cases: u32,
+    /// Measured training steps after two warm-up steps; 0 skips the stage.
+    #[arg(long, default_value_t = Options::default().steps)]
+    steps: usize,
+    /// Training batch.
+    #[arg(long, default_value_t = Options::default().batch)]
+    batch: usize,
+    /// Training resolution.
+    #[arg(long, default_value_t = Options::default().res)]
+    res: usize,
+    /// Training model (resnet18, resnet34 or resnet50).
+    #[arg(long, default_value_t = Options::default().model)]
+    model: String,
+    /// Run on the host emulator instead of GPU 0 (the stages' own test, without a GPU).
+    #[arg(long)]
+    emulate: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile every kernel to CUBINs in DIR (where the pack is built).
+    Prepare { dir: PathBuf },
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("prepare") {
-        let Some(dir) = args.get(1) else {
-            eprintln!("usage: redline-gpu-check prepare DIR");
-            return ExitCode::from(2);
-        };
-        return match redline_gpu_check::prepare(&PathBuf::from(dir)) {
+    let cli = Cli::parse();
+    if let Some(Command::Prepare { dir }) = &cli.command {
+        return match redline_gpu_check::prepare(dir) {
             Ok(n) => {
-                eprintln!("wrote {n} CUBINs into {dir}");
+                eprintln!("wrote {n} CUBINs into {}", dir.display());
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -22,29 +58,16 @@ fn main() -> ExitCode {
             }
         };
     }
-    let mut options = redline_gpu_check::Options::default();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        if flag == "--emulate" {
-            options.emulate = true;
-            continue;
-        }
-        let value = it.next();
-        let number = |v: Option<&String>| v.and_then(|v| v.parse::<usize>().ok());
-        let ok = match flag.as_str() {
-            "--json" => value.map(|v| options.json = PathBuf::from(v)).is_some(),
-            "--cases" => number(value).map(|n| options.cases = n as u32).is_some(),
-            "--steps" => number(value).map(|n| options.steps = n).is_some(),
-            "--batch" => number(value).map(|n| options.batch = n).is_some(),
-            "--res" => number(value).map(|n| options.res = n).is_some(),
-            "--model" => value.map(|v| options.model = v.clone()).is_some(),
-            _ => false,
-        };
-        if !ok {
-            eprintln!("redline-gpu-check: bad argument {flag} (see the crate docs)");
-            return ExitCode::from(2);
-        }
-    }
+    let options = Options {
+        json: cli.json,
+        cases: cli.cases,
+        steps: cli.steps,
+        batch: cli.batch,
+        res: cli.res,
+        model: cli.model,
+        emulate: cli.emulate,
+        ..Options::default()
+    };
     if redline_gpu_check::run(&options) {
         ExitCode::SUCCESS
     } else {

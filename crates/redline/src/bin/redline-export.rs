@@ -5,21 +5,25 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::Parser;
+
+/// Writes the model weights of a training checkpoint alone, as PyTorch loads them.
+#[derive(Parser)]
+#[command(name = "redline-export")]
+struct Cli {
+    /// A checkpoint written by redline-train.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The weights file to write (safetensors).
+    #[arg(long)]
+    out: PathBuf,
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .map(PathBuf::from)
-    };
-    let (Some(from), Some(to)) = (get("--checkpoint"), get("--out")) else {
-        eprintln!("usage: redline-export --checkpoint CKPT --out MODEL.safetensors");
-        return ExitCode::from(2);
-    };
-    match redline_train::checkpoint::export_weights(&from, &to) {
+    let cli = Cli::parse();
+    match redline_train::checkpoint::export_weights(&cli.checkpoint, &cli.out) {
         Ok(n) => {
-            println!("wrote {n} weight tensors to {}", to.display());
+            println!("wrote {n} weight tensors to {}", cli.out.display());
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -16,6 +16,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::Parser;
 use redline::registry::{self, Kind};
 use redline_loader::{Config, Loader, Position};
 use redline_nn::{decay_groups, ResNet, ResNetConfig, Schedule, Sgd};
@@ -35,23 +36,55 @@ fn main() -> ExitCode {
     }
 }
 
-struct Args(Vec<String>);
-
-impl Args {
-    fn get(&self, name: &str) -> Option<String> {
-        let i = self.0.iter().position(|a| a == name)?;
-        self.0.get(i + 1).cloned()
-    }
-
-    fn parse<T: std::str::FromStr>(&self, name: &str, default: T) -> Res<T>
-    where
-        T::Err: std::fmt::Display,
-    {
-        match self.get(name) {
-            None => Ok(default),
-            Some(v) => v.parse().map_err(|e| format!("{name} {v}: {e}").into()),
-        }
-    }
+/// Trains a ResNet on shards with evaluation and a checkpoint after every epoch.
+#[derive(Parser)]
+#[command(name = "redline-train")]
+struct Cli {
+    /// Shards with train/ and val/ (`cargo xtask train` converts an ImageFolder tree first).
+    #[arg(long, required_unless_present = "list_devices")]
+    data: Option<PathBuf>,
+    /// Print the devices this machine has, best first, and exit.
+    #[arg(long)]
+    list_devices: bool,
+    /// resnet18, resnet34 or resnet50.
+    #[arg(long, default_value = "resnet18")]
+    model: String,
+    /// Final training resolution (and the evaluation resolution).
+    #[arg(long, default_value_t = 64)]
+    res: usize,
+    /// Starting resolution of the progressive ramp [default: --res].
+    #[arg(long)]
+    min_res: Option<usize>,
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    #[arg(long, default_value_t = 8)]
+    epochs: usize,
+    /// Peak learning rate of the one-cycle schedule [default: 0.2 × batch / 64].
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Weight decay (weights only).
+    #[arg(long, default_value_t = 5e-5)]
+    wd: f64,
+    /// Training precision [default: fp32 on the CPU, fp16 elsewhere].
+    #[arg(long, value_parser = ["fp32", "fp16", "bf16"])]
+    precision: Option<String>,
+    /// A device by name (`--list-devices`) [default: the best one].
+    #[arg(long)]
+    device: Option<String>,
+    /// Loader threads [default: every core].
+    #[arg(long)]
+    workers: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Continue from this checkpoint.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Where the checkpoint of every epoch goes.
+    #[arg(long, default_value = "checkpoints")]
+    checkpoints: PathBuf,
+    /// Write the run's report (history, final top-1/top-5) as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 fn open(dir: &Path) -> Res<Arc<ShardSet>> {
@@ -61,43 +94,32 @@ fn open(dir: &Path) -> Res<Arc<ShardSet>> {
 }
 
 fn run() -> Res<()> {
-    let args = Args(std::env::args().skip(1).collect());
-    if args.0.iter().any(|a| a == "--list-devices") {
+    let cli = Cli::parse();
+    if cli.list_devices {
         for c in registry::candidates() {
             let software = if c.software { " (software)" } else { "" };
             println!("{}{software}", c.name);
         }
         return Ok(());
     }
-    let data = PathBuf::from(
-        args.get("--data")
-            .ok_or("--data DIR (with train/ and val/) is required")?,
-    );
+    let data = cli
+        .data
+        .ok_or("--data DIR (with train/ and val/) is required")?;
     let (train, val) = (open(&data.join("train"))?, open(&data.join("val"))?);
-    let (candidate, device) = registry::select(args.get("--device").as_deref())?;
-    let model_name = args.get("--model").unwrap_or_else(|| "resnet18".into());
-    let res: usize = args.parse("--res", 64)?;
-    let min_res: usize = args.parse("--min-res", res)?;
-    let batch: usize = args.parse("--batch", 64)?;
-    let epochs: usize = args.parse("--epochs", 8)?;
-    let lr: f64 = args.parse("--lr", 0.2 * batch as f64 / 64.0)?;
-    let wd: f64 = args.parse("--wd", 5e-5)?;
-    let seed: u64 = args.parse("--seed", 0)?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers: usize = args.parse("--workers", cores)?;
-    let default_precision = if candidate.kind == Kind::Cpu {
-        "fp32"
-    } else {
-        "fp16"
+    let (candidate, device) = registry::select(cli.device.as_deref())?;
+    let model_name = cli.model;
+    let (res, batch, epochs, wd, seed) = (cli.res, cli.batch, cli.epochs, cli.wd, cli.seed);
+    let min_res = cli.min_res.unwrap_or(res);
+    let lr = cli.lr.unwrap_or(0.2 * batch as f64 / 64.0);
+    let workers = cli
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let precision: Precision = match cli.precision {
+        Some(p) => p.parse()?,
+        None if candidate.kind == Kind::Cpu => Precision::Fp32,
+        None => Precision::Fp16,
     };
-    let precision: Precision = args
-        .get("--precision")
-        .unwrap_or_else(|| default_precision.into())
-        .parse()?;
-    let checkpoints = PathBuf::from(
-        args.get("--checkpoints")
-            .unwrap_or_else(|| "checkpoints".into()),
-    );
+    let checkpoints = cli.checkpoints;
     if epochs == 0 || batch == 0 {
         return Err("--epochs and --batch must be at least 1".into());
     }
@@ -133,11 +155,14 @@ fn run() -> Res<()> {
         schedule: Schedule::one_cycle(total),
     };
     let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), recipe, device.clone())?;
-    if let Some(ckpt) = args.get("--resume") {
-        let progress = trainer.load(Path::new(&ckpt))?;
+    if let Some(ckpt) = &cli.resume {
+        let progress = trainer.load(ckpt)?;
         eprintln!(
-            "resumed {ckpt}: step {}, epoch {}, sample {}",
-            progress.step, progress.epoch, progress.index
+            "resumed {}: step {}, epoch {}, sample {}",
+            ckpt.display(),
+            progress.step,
+            progress.epoch,
+            progress.index
         );
     }
     // FFCV's ramp: the last ~30% of training, ending one epoch before the end.
@@ -208,9 +233,9 @@ fn run() -> Res<()> {
         "final_val_top1": last["val_top1"], "final_val_top5": last["val_top5"],
         "seconds": started.elapsed().as_secs_f64(), "history": history,
     });
-    if let Some(path) = args.get("--json") {
-        std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")?;
-        eprintln!("wrote {path}");
+    if let Some(path) = &cli.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+        eprintln!("wrote {}", path.display());
     }
     println!(
         "final val top-1 {:.3}",
