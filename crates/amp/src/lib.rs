@@ -15,3 +15,8 @@ mod scaler;
 
 pub use autocast::{autocast, autocast_dtype, for_compute, for_f32, Autocast};
 pub use scaler::GradScaler;
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -565,3 +565,8 @@ fn distinct(op: &str, i: usize, storages: &[Option<&Storage>]) -> Result<()> {
     }
     Ok(())
 }
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

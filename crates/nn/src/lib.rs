@@ -22,3 +22,8 @@ pub use optim::{
 };
 pub use resnet::{ResNet, ResNetConfig};
 pub use schedule::Schedule;
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -4,3 +4,8 @@
 pub mod registry;
 
 pub use redline_tensor::*;
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -22,3 +22,8 @@ pub mod training;
 pub use case::{Case, Input, ViewKind};
 pub use conformance::{run_conformance, run_conformance_on, Report, SuiteConfig};
 pub use gradcheck::{gradcheck, gradcheck_fn};
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -22,3 +22,8 @@ pub use timing::{percentile, Phase, PhaseClock, StepTimes};
 pub use trainer::{Inputs, Step, TrainConfig, Trainer, IMAGENET_MEAN, IMAGENET_STD};
 
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -673,3 +673,8 @@ impl Backend for WgpuBackend {
         kernels::optim::scaler_update(&self.ctx, scale.dtype(), buffers.0, buffers.1, buffers.2, p)
     }
 }
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -591,3 +591,8 @@ mod tests {
         assert_eq!(steady["downloads"], 1, "{report}");
     }
 }
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
