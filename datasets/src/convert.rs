@@ -153,14 +153,24 @@ fn convert_set(
     let fingerprint = journal::fingerprint(&set_options, &files);
     let mut journal = match Journal::find(dst)? {
         Some(found) if found.fingerprint != fingerprint || found.inputs != files.len() as u64 => {
-            return Err(DataError::Invalid {
+            return Err(DataError::OtherBuild {
                 path: dst.join(JOURNAL_FILE),
                 what: format!(
-                    "this folder holds a build of other inputs or options ({} of {} inputs;                      this build is {} of {}); remove it or choose another --out",
+                    "this folder holds a build of other inputs or options ({} of {} inputs; \
+                     this build is {} of {})",
                     found.fingerprint,
                     found.inputs,
                     fingerprint,
                     files.len()
+                ),
+            });
+        }
+        Some(found) if found.next_input > found.inputs || found.images > found.next_input => {
+            return Err(DataError::Invalid {
+                path: dst.join(JOURNAL_FILE),
+                what: format!(
+                    "the journal is damaged: {} images and next input {} of {} inputs",
+                    found.images, found.next_input, found.inputs
                 ),
             });
         }
@@ -171,6 +181,13 @@ fn convert_set(
             fresh
         }
     };
+    if let (true, Some(s)) = (options.strict, journal.skipped.first()) {
+        // The earlier, lenient run skipped this file: --strict does not let it pass unnoticed.
+        return Err(DataError::Strict {
+            path: s.path.clone(),
+            reason: format!("{} (skipped by an earlier run of this build)", s.reason),
+        });
+    }
     if journal.complete {
         eprintln!(
             "{label}: already built in {} ({JOURNAL_FILE}), nothing to do",

@@ -3,8 +3,9 @@
 //!
 //! The journal is written (atomically) when a build starts and each time a shard is finished,
 //! and marked complete with the manifest. It names the build by a fingerprint of everything
-//! that decides the shards' bytes — the set's options and the sorted input list with labels — so
-//! only the same build continues a set; another one is refused instead of mixing the two.
+//! that decides the shards' bytes — the set's options and the sorted input list with labels,
+//! sizes and modification times — so only the same build continues a set; another one is
+//! refused (`DataError::OtherBuild`, exit code 3 from `redline-data`) instead of mixing the two.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -79,11 +80,11 @@ impl Journal {
                     Err(_) => None,
                 };
                 match foreign {
-                    Some(entry) => Err(DataError::Invalid {
+                    Some(entry) => Err(DataError::OtherBuild {
                         path: entry.path(),
                         what: format!(
                             "this folder holds shards that no build journal ({JOURNAL_FILE}) \
-                             describes; remove them or choose another --out"
+                             describes"
                         ),
                     }),
                     None => Ok(None),
@@ -107,8 +108,9 @@ impl Journal {
 }
 
 /// Identifies a build by what decides its shards' bytes: the set's options (name, classes,
-/// parameters, shard size) and every input path with its label, in order. Worker count and
-/// strictness are left out: they do not change the shards.
+/// parameters, shard size) and every input in order — its path, label, size and modification
+/// time (one `stat` each, so a file replaced in place is noticed). Worker count and strictness
+/// are left out: they do not change the shards.
 pub fn fingerprint(options: &SetOptions, inputs: &[(PathBuf, i32)]) -> String {
     let described = serde_json::json!({
         "name": options.name,
@@ -119,10 +121,20 @@ pub fn fingerprint(options: &SetOptions, inputs: &[(PathBuf, i32)]) -> String {
     });
     let mut crc = crc32c::crc32c(described.to_string().as_bytes());
     for (path, label) in inputs {
+        // An unreadable file counts as size 0, time 0: the build skips it with the reason.
+        let (size, modified) = fs::metadata(path).map_or((0, 0), |m| {
+            let since_epoch = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+            (m.len(), since_epoch.map_or(0, |d| d.as_nanos()))
+        });
         // A path never holds a NUL byte: it ends each one unambiguously.
         crc = crc32c::crc32c_append(crc, path.to_string_lossy().as_bytes());
         crc = crc32c::crc32c_append(crc, &[0]);
         crc = crc32c::crc32c_append(crc, &label.to_le_bytes());
+        crc = crc32c::crc32c_append(crc, &size.to_le_bytes());
+        crc = crc32c::crc32c_append(crc, &modified.to_le_bytes());
     }
     format!("crc32c:{crc:08x}")
 }

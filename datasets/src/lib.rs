@@ -35,6 +35,9 @@ pub enum DataError {
     },
     #[error("{}: {what}", path.display())]
     Invalid { path: PathBuf, what: String },
+    /// The output folder holds another build's set (other inputs or options): it is left alone.
+    #[error("{}: {what}; remove it or choose another --out", path.display())]
+    OtherBuild { path: PathBuf, what: String },
     /// `--strict` was given and a file could not be used.
     #[error("{}: {reason} (--strict stops at the first unusable file)", path.display())]
     Strict { path: PathBuf, reason: String },

@@ -327,3 +327,36 @@ fn devkit_ground_truth_labels_a_flat_val_folder_and_no_labels_is_a_clear_error()
         .collect();
     assert_eq!(labels, want);
 }
+
+/// A lenient build that skipped a file, run again with `--strict`, fails naming that file
+/// instead of reporting the finished set as good.
+#[test]
+fn strict_mode_refuses_a_set_an_earlier_lenient_run_built_with_skips() {
+    let src = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    small_synth(src.path());
+    let class0 = fs::read_dir(src.path().join("train"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    fs::write(
+        class0.join("truncated.jpg"),
+        [0xFF, 0xD8, 0xFF, 0xE0, 0, 16],
+    )
+    .unwrap();
+    let summary = convert_folder(src.path(), out.path(), &options()).unwrap();
+    assert_eq!(summary.skipped.len(), 1);
+    let strict = ConvertOptions {
+        strict: true,
+        ..options()
+    };
+    let err = convert_folder(src.path(), out.path(), &strict)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("truncated.jpg") && err.contains("--strict"),
+        "{err}"
+    );
+}

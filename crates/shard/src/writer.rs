@@ -302,8 +302,8 @@ impl SetWriter {
     /// Continues a set whose first shards an earlier writer finished before it stopped (a build
     /// that was killed): `done` are those shards' manifest lines, in order, as
     /// [`shard_entries`](Self::shard_entries) returned them. Each is opened and checked against
-    /// its line and against the metadata `options` give it; shard files after them, leftover temp
-    /// files and a stale manifest are removed. Appending the records that followed the last
+    /// its line and against the metadata `options` give it; shard files after them (finished or
+    /// temporary) and a stale manifest are removed, and nothing else. Appending the records that followed the last
     /// finished shard then writes the same set, byte for byte, as a writer that never stopped.
     pub fn resume(
         dir: impl Into<PathBuf>,
@@ -357,12 +357,16 @@ impl SetWriter {
         for entry in fs::read_dir(dir).map_err(|e| ShardError::io(dir, e))? {
             let entry = entry.map_err(|e| ShardError::io(dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            let later_shard = name
+            // Only this writer's own files: later shards, their temp files, the manifest and
+            // its temp file. Anything else in the folder is not ours to delete.
+            let shard_name = name.strip_suffix(".tmp").unwrap_or(&name);
+            let later_shard = shard_name
                 .strip_prefix("shard-")
                 .and_then(|n| n.strip_suffix(".rdl"))
                 .and_then(|n| n.parse::<u64>().ok())
                 .is_some_and(|n| n >= self.finished.len() as u64);
-            if later_shard || name.ends_with(".tmp") || name == MANIFEST_FILE {
+            let manifest = shard_name == MANIFEST_FILE;
+            if later_shard || manifest {
                 let path = entry.path();
                 fs::remove_file(&path).map_err(|e| ShardError::io(&path, e))?;
             }

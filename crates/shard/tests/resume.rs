@@ -75,11 +75,14 @@ fn a_resumed_set_is_byte_identical_to_an_uninterrupted_one() {
             .ends_with(".tmp")),
         "the stopped writer should have left its partial shard"
     );
+    // A file of the user's beside the set is not the writer's to delete.
+    fs::write(resumed.path().join("notes.tmp"), b"mine").unwrap();
     let mut writer = SetWriter::resume(resumed.path(), options(), &done).unwrap();
     for (label, data) in &records()[next..] {
         writer.append(info(*label), data).unwrap();
     }
     writer.finish().unwrap();
+    fs::remove_file(resumed.path().join("notes.tmp")).expect("notes.tmp was kept");
 
     assert!(ShardSet::open(whole.path()).unwrap().shards().len() > 3);
     assert_eq!(files(resumed.path()), files(whole.path()));

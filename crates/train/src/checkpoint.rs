@@ -6,14 +6,16 @@
 //! position is its whole state). Written to a temporary file beside the target, synced, then
 //! renamed over it: a crash mid-write leaves the previous checkpoint intact.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use redline_tensor::{DType, Tensor};
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
+use redline_tensor::{DType, Tensor, TensorError};
+use safetensors::{Dtype, SafeTensors, View};
+use serde_json::Value;
 
 use crate::{Result, TrainError};
 
@@ -44,19 +46,21 @@ fn bad(path: &Path, why: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint(format!("{}: {why}", path.display()))
 }
 
-/// Writes `tensors` (name → tensor, row-major) and `progress` to `path` atomically.
+/// Writes `tensors` (name → tensor, row-major) and `progress` to `path` atomically. The same
+/// state always gives the same bytes.
 pub fn save(path: &Path, tensors: &[(String, Tensor)], progress: Progress) -> Result<()> {
-    let mut downloaded = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        let bytes = t.device().backend().download(t.view())?;
-        downloaded.push((name, t, bytes));
-    }
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, t, bytes) in &downloaded {
-        let view = TensorView::new(file_dtype(t.dtype()), t.shape().to_vec(), bytes)
-            .map_err(|e| bad(path, format!("{name}: {e}")))?;
-        views.push((name.as_str(), view));
-    }
+    let failed = RefCell::new(None);
+    let views: Vec<(&str, OnDevice)> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let view = OnDevice {
+                tensor: t,
+                shape: t.shape().to_vec(),
+                failed: &failed,
+            };
+            (name.as_str(), view)
+        })
+        .collect();
     let metadata = HashMap::from(
         [
             ("format", "redline-checkpoint".to_string()),
@@ -67,24 +71,70 @@ pub fn save(path: &Path, tensors: &[(String, Tensor)], progress: Progress) -> Re
         ]
         .map(|(k, v)| (k.to_string(), v)),
     );
-    write_file(path, views, metadata)
+    let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| bad(path, e))?;
+    if let Some(e) = failed.into_inner() {
+        return Err(e.into());
+    }
+    write_file(path, bytes)
 }
 
-/// Serialises `views` with `metadata` and writes them to a temporary file beside `path`,
-/// synced, then renamed over it.
-fn write_file(
-    path: &Path,
-    views: Vec<(&str, TensorView<'_>)>,
-    metadata: HashMap<String, String>,
-) -> Result<()> {
-    let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| bad(path, e))?;
+/// A tensor as the serialiser reads it: downloaded only when its bytes are asked for, so saving
+/// holds the file's bytes and one tensor at a time, not every tensor twice. `View::data` cannot
+/// fail, so a failed download is kept in `failed` (and its place zero-filled) for `save` to
+/// return before anything is written.
+struct OnDevice<'a> {
+    tensor: &'a Tensor,
+    shape: Vec<usize>,
+    failed: &'a RefCell<Option<TensorError>>,
+}
+
+impl View for OnDevice<'_> {
+    fn dtype(&self) -> Dtype {
+        file_dtype(self.tensor.dtype())
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        let t = self.tensor;
+        let downloaded = t.device().backend().download(t.view());
+        match downloaded {
+            Ok(bytes) if bytes.len() == self.data_len() => Cow::Owned(bytes),
+            outcome => {
+                let e = outcome.err().unwrap_or_else(|| {
+                    TensorError::Device(format!(
+                        "{} downloaded the wrong number of bytes for {:?}",
+                        t.device().name(),
+                        t.shape()
+                    ))
+                });
+                self.failed.borrow_mut().get_or_insert(e);
+                Cow::Owned(vec![0; self.data_len()])
+            }
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.tensor.numel() * self.tensor.dtype().size()
+    }
+}
+
+/// Writes a serialised file to a temporary file beside `path`, synced, then renamed over it.
+/// The header is rewritten with its keys in order on the way: the crate writes the metadata
+/// from a hash map, whose order changes from run to run.
+fn write_file(path: &Path, bytes: Vec<u8>) -> Result<()> {
+    let (header, data) = canonical_header(&bytes).map_err(|e| bad(path, e))?;
     let tmp = path.with_extension("safetensors.tmp");
     let write = || -> std::io::Result<()> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir)?;
         }
         let mut f = fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
+        f.write_all(&(header.len() as u64).to_le_bytes())?;
+        f.write_all(&header)?;
+        f.write_all(data)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
     };
@@ -92,6 +142,35 @@ fn write_file(
         let _ = fs::remove_file(&tmp);
         bad(path, e)
     })
+}
+
+/// The JSON header of `bytes` (a whole safetensors file) with its keys sorted at every level and
+/// padded to 8 bytes as the format asks, and the data section, unchanged (its offsets are
+/// relative to its own start).
+fn canonical_header(bytes: &[u8]) -> std::result::Result<(Vec<u8>, &[u8]), String> {
+    let (n, _) = SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
+    let (text, data) = bytes.get(8..).ok_or("no header")?.split_at(n);
+    let sorted: BTreeMap<String, Value> =
+        serde_json::from_slice(text).map_err(|e| e.to_string())?;
+    let sorted: BTreeMap<String, Value> = sorted
+        .into_iter()
+        .map(|(k, v)| (k, sorted_value(v)))
+        .collect();
+    let mut json = serde_json::to_vec(&sorted).map_err(|e| e.to_string())?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    Ok((json, data))
+}
+
+/// A JSON value with every object's keys sorted (whatever serde_json's map type is).
+fn sorted_value(v: Value) -> Value {
+    match v {
+        Value::Object(map) => {
+            let sorted: BTreeMap<String, Value> =
+                map.into_iter().map(|(k, v)| (k, sorted_value(v))).collect();
+            Value::Object(sorted.into_iter().collect())
+        }
+        other => other,
+    }
 }
 
 /// Reads `path` into `tensors`, which must match it name for name in dtype and shape (every
@@ -131,7 +210,8 @@ pub fn export_weights(from: &Path, to: &Path) -> Result<usize> {
         .collect();
     let count = kept.len();
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    write_file(to, kept, metadata)?;
+    let bytes = safetensors::serialize(kept, Some(metadata)).map_err(|e| bad(to, e))?;
+    write_file(to, bytes)?;
     Ok(count)
 }
 

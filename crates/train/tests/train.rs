@@ -306,6 +306,12 @@ fn a_checkpoint_of_another_model_or_a_damaged_file_is_refused_naming_what() {
     let trainer = overflowing_trainer(&device, 1, false);
     let path = dir.path().join("a.safetensors");
     trainer.save(&path, 7).unwrap();
+    // The same state gives the same bytes (the header's keys in a fixed order).
+    let again = dir.path().join("again.safetensors");
+    for _ in 0..3 {
+        trainer.save(&again, 7).unwrap();
+        assert!(std::fs::read(&again).unwrap() == std::fs::read(&path).unwrap());
+    }
 
     // Another model: a wider classifier.
     let mut init = Init::new(3, &device, DType::F32);

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use redline_datasets::convert::{convert_folder, ConvertOptions};
 use redline_datasets::generate::{synth_folder, synth_shards, SynthOptions};
+use redline_datasets::DataError;
 use redline_shard::{ShardSet, MANIFEST_FILE};
 
 #[derive(Parser)]
@@ -22,6 +23,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Convert an ImageFolder tree (`DIR/<class>/<image>`, or `DIR/train` + `DIR/val`) to shard sets.
+    /// Run again after a kill, it resumes (journal `build.json` in each set); a folder holding
+    /// another build is left alone and the exit code is 3.
     Build {
         /// The ImageFolder tree.
         #[arg(long)]
@@ -92,12 +95,19 @@ enum Command {
     },
 }
 
+/// The exit code of a build refused because its output folder holds another build (other
+/// inputs or options): `cargo xtask` clears its own cache on it and starts over.
+const OTHER_BUILD: u8 = 3;
+
 fn main() -> ExitCode {
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            match e.downcast_ref::<DataError>() {
+                Some(DataError::OtherBuild { .. }) => ExitCode::from(OTHER_BUILD),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

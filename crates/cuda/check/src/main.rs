@@ -11,7 +11,12 @@ use redline_gpu_check::Options;
 /// Proves the CUDA backend on GPU 0: device and libraries, conformance, AMP, our own kernels,
 /// wgpu on the NVIDIA adapter and a training run, with a JSON report written as it goes.
 #[derive(Parser)]
-#[command(name = "redline-gpu-check", args_conflicts_with_subcommands = true)]
+// run.sh passes `--json gpu-check.json` before the user's arguments: a later --json wins.
+#[command(
+    name = "redline-gpu-check",
+    args_conflicts_with_subcommands = true,
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
