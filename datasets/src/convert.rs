@@ -150,6 +150,9 @@ fn convert_set(
     );
 
     fs::create_dir_all(dst).map_err(|e| DataError::io(dst, e))?;
+    // Held until this set is done; the OS releases it when the process dies, so a killed build
+    // leaves nothing that blocks its restart.
+    let _lock = journal::lock(dst)?;
     let fingerprint = journal::fingerprint(&set_options, &files);
     let mut journal = match Journal::find(dst)? {
         Some(found) if found.fingerprint != fingerprint || found.inputs != files.len() as u64 => {

@@ -18,6 +18,30 @@ use crate::DataError;
 /// File name of the journal inside a set directory.
 pub const JOURNAL_FILE: &str = "build.json";
 
+/// File a build holds an exclusive lock on while it writes a set directory.
+pub const LOCK_FILE: &str = "build.lock";
+
+/// Takes the set directory `dir` for one build: an advisory lock on `dir/build.lock`, released
+/// when the returned file is dropped or the process ends. A second build into the same folder
+/// at the same time would delete the first one's unfinished shard; it is refused instead.
+pub fn lock(dir: &Path) -> Result<fs::File, DataError> {
+    let path = dir.join(LOCK_FILE);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| DataError::io(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => Err(DataError::Invalid {
+            path,
+            what: "another build is writing this folder now".into(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(DataError::io(&path, e)),
+    }
+}
+
 /// What a build of one set has done so far.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Journal {

@@ -360,3 +360,24 @@ fn strict_mode_refuses_a_set_an_earlier_lenient_run_built_with_skips() {
         "{err}"
     );
 }
+
+/// Two builds into one folder at once: the second is refused while the first holds the folder,
+/// and goes ahead once it is released.
+#[test]
+fn a_second_build_into_a_folder_being_written_is_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    small_synth(src.path());
+    let train = out.path().join("train");
+    fs::create_dir_all(&train).unwrap();
+    let held = redline_datasets::journal::lock(&train).unwrap();
+    let err = convert_folder(src.path(), out.path(), &options())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("build.lock") && err.contains("another build"),
+        "{err}"
+    );
+    drop(held);
+    convert_folder(src.path(), out.path(), &options()).unwrap();
+}
