@@ -24,21 +24,24 @@ fn options() -> ConvertOptions {
     }
 }
 
+/// The first entry `read_dir` gives in `dir` (a class folder, an image).
+fn first_entry(dir: &Path) -> std::path::PathBuf {
+    fs::read_dir(dir).unwrap().next().unwrap().unwrap().path()
+}
+
+/// The test options with `--strict`.
+fn strict() -> ConvertOptions {
+    ConvertOptions {
+        strict: true,
+        ..options()
+    }
+}
+
 /// Adds the awkward files of real datasets to `root/train` and `root/val`.
 fn add_odd_files(root: &Path) -> Vec<&'static str> {
     let train = root.join("train");
-    let class0 = fs::read_dir(&train)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let some_jpeg = fs::read_dir(&class0)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let class0 = first_entry(&train);
+    let some_jpeg = first_entry(&class0);
     let jpeg = fs::read(&some_jpeg).unwrap();
     fs::write(class0.join("truncated.jpg"), &jpeg[..jpeg.len() / 3]).unwrap();
     fs::write(class0.join("notes.txt"), b"not an image").unwrap();
@@ -167,11 +170,7 @@ fn strict_mode_stops_at_the_first_unusable_file_and_names_it() {
     let out = tempfile::tempdir().unwrap();
     small_synth(src.path());
     add_odd_files(src.path());
-    let strict = ConvertOptions {
-        strict: true,
-        ..options()
-    };
-    let err = convert_folder(src.path(), out.path(), &strict)
+    let err = convert_folder(src.path(), out.path(), &strict())
         .unwrap_err()
         .to_string();
     assert!(err.contains("--strict"), "{err}");
@@ -335,12 +334,7 @@ fn strict_mode_refuses_a_set_an_earlier_lenient_run_built_with_skips() {
     let src = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
     small_synth(src.path());
-    let class0 = fs::read_dir(src.path().join("train"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let class0 = first_entry(&src.path().join("train"));
     fs::write(
         class0.join("truncated.jpg"),
         [0xFF, 0xD8, 0xFF, 0xE0, 0, 16],
@@ -348,11 +342,7 @@ fn strict_mode_refuses_a_set_an_earlier_lenient_run_built_with_skips() {
     .unwrap();
     let summary = convert_folder(src.path(), out.path(), &options()).unwrap();
     assert_eq!(summary.skipped.len(), 1);
-    let strict = ConvertOptions {
-        strict: true,
-        ..options()
-    };
-    let err = convert_folder(src.path(), out.path(), &strict)
+    let err = convert_folder(src.path(), out.path(), &strict())
         .unwrap_err()
         .to_string();
     assert!(

@@ -173,10 +173,6 @@ fn step_label(x: &f64) -> String {
 mod tests {
     use super::*;
 
-    fn step(ms: [u64; 5]) -> StepTimes {
-        StepTimes::from_ms(ms)
-    }
-
     /// The text of every `<text>` element, trimmed (plotters puts it on a line of its own).
     fn texts(svg: &str) -> Vec<String> {
         svg.split("</text>")
@@ -187,7 +183,10 @@ mod tests {
 
     #[test]
     fn the_charts_have_titles_units_ticks_bars_and_a_legend() {
-        let steps = [step([1, 2, 3, 4, 5]), step([5, 4, 3, 2, 1])];
+        let steps = [
+            StepTimes::from_ms([1, 2, 3, 4, 5]),
+            StepTimes::from_ms([5, 4, 3, 2, 1]),
+        ];
         let svg = svg(&steps, 8, "a <test>");
         assert!(
             svg.starts_with("<svg") && svg.contains("a &lt;test&gt;"),
@@ -218,7 +217,7 @@ mod tests {
     #[test]
     fn no_steps_or_zero_times_still_draw() {
         assert!(texts(&svg(&[], 8, "empty")).contains(&"img/s".to_string()));
-        let zeros = texts(&svg(&[step([0; 5])], 8, "zeros"));
+        let zeros = texts(&svg(&[StepTimes::from_ms([0; 5])], 8, "zeros"));
         assert!(zeros.contains(&"ms per step".to_string()), "{zeros:?}");
     }
 }

@@ -98,16 +98,12 @@ pub fn chrome_trace(steps: &[StepTimes]) -> Value {
 mod tests {
     use super::*;
 
-    fn step(ms: [u64; 5]) -> StepTimes {
-        StepTimes::from_ms(ms)
-    }
-
     #[test]
     fn summary_uses_the_median_step_and_sums_the_stall() {
         let steps = [
-            step([10, 5, 30, 50, 5]),  // 100 ms
-            step([0, 5, 30, 60, 5]),   // 100 ms
-            step([100, 5, 30, 60, 5]), // 200 ms
+            StepTimes::from_ms([10, 5, 30, 50, 5]),  // 100 ms
+            StepTimes::from_ms([0, 5, 30, 60, 5]),   // 100 ms
+            StepTimes::from_ms([100, 5, 30, 60, 5]), // 200 ms
         ];
         let s = Summary::new(&steps, 8);
         assert_eq!(s.step_p50_ms, 100.0);
@@ -129,7 +125,10 @@ mod tests {
 
     #[test]
     fn trace_slices_tile_each_step() {
-        let steps = [step([1, 2, 3, 4, 5]), step([5, 4, 3, 2, 1])];
+        let steps = [
+            StepTimes::from_ms([1, 2, 3, 4, 5]),
+            StepTimes::from_ms([5, 4, 3, 2, 1]),
+        ];
         let t = chrome_trace(&steps);
         let events = t["traceEvents"].as_array().unwrap();
         assert_eq!(events.len(), 12);
