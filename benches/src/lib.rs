@@ -3,7 +3,6 @@
 //! scripts for side-by-side runs live in `benches/pytorch/`. `cargo xtask bench …` runs them and
 //! prints their tables.
 
-pub mod op_profile;
 pub mod ops;
 
 /// Writes every record of `set` as `folder/<class>/<index>.jpg` (or `.png`): the same bytes,

@@ -5,6 +5,7 @@
 
 mod bench;
 mod data;
+mod doctor;
 mod gpu_check;
 mod imagenet;
 mod mutations;
@@ -41,6 +42,10 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// Which of the four reasons a GPU idles holds in a run (data, launches, memory access,
+    /// synchronisation), with the evidence and the fix: reads a bench or train JSON, or with
+    /// `--run` measures a short `bench imagenet` with `--profile-ops` first.
+    Doctor(doctor::DoctorArgs),
     /// Build the self-contained GPU check pack (`--pack DIR`) for a machine with an NVIDIA GPU.
     GpuCheck(gpu_check::GpuCheckArgs),
     /// Plant known bugs in copies of the CUDA kernels and check the host-emulated suite fails on
@@ -65,6 +70,7 @@ fn main() -> Result<()> {
         Command::Bench(bench) => bench::run(bench),
         Command::Train(args) => train::run(args),
         Command::GpuCheck(args) => gpu_check::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::KernelMutations => mutations::run().map(|note| println!("{note}")),
         Command::Export { checkpoint, out } => run::check(
             run::cargo()

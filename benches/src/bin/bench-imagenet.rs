@@ -17,10 +17,10 @@ use std::time::Instant;
 
 use clap::Parser;
 use redline::registry::{self, Kind};
-use redline_benches::op_profile::{OpProfile, OpRow};
 use redline_loader::{Config, Loader, Position};
 use redline_nn::{named_parameters, AdamW, ParamGroup, ResNet, ResNetConfig};
 use redline_shard::ShardSet;
+use redline_train::profile::{stream_bandwidth, OpProfile, OpRow, StepProfile};
 use redline_train::{chrome_trace, svg, Precision, Summary, TrainConfig, Trainer};
 use serde_json::json;
 
@@ -61,7 +61,9 @@ struct Cli {
     /// The measurement's budget when --steps is not given.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
-    /// Time every op on the host and print the table at the end.
+    /// Account for every op and shape apart, timed on the device's clock where it has one
+    /// (CUDA events, Vulkan timestamp queries), and print the table at the end. Without it the
+    /// report still counts ops and host time by kind of op.
     #[arg(long)]
     profile_ops: bool,
     /// Also write the img/s and phase charts as SVG here.
@@ -90,15 +92,14 @@ type Res<T> = Result<T, Box<dyn Error>>;
 fn run() -> Res<()> {
     let cli = Cli::parse();
     let (candidate, device) = registry::select(cli.device.as_deref())?;
-    // Every op timed on the host into a table printed at the end (exact on the synchronous
-    // CPU backend; on an asynchronous device it times the enqueue).
-    let (device, profile) = if cli.profile_ops {
-        let (device, profile) = OpProfile::wrap(device);
-        (device, Some(profile))
-    } else {
-        (device, None)
-    };
     let software = candidate.software;
+    // The doctor's yardstick for memory-bound ops, taken before anything else runs.
+    // (64 MB: past every cache, and inside wgpu's 128 MB binding limit.)
+    let stream_bytes = if software { 4 << 20 } else { 64 << 20 };
+    let stream_gb_per_s = stream_bandwidth(&device, stream_bytes)?;
+    // Every op counted by kind (and with --profile-ops, by op and shape, on the device's
+    // clock) for the report's `ops` section.
+    let (device, profile) = OpProfile::wrap(device, cli.profile_ops);
     // A software device (a software Vulkan adapter at ~0.3 GFLOP/s, the CUDA emulator slower
     // still) gets a small model at low resolution.
     let (default_model, default_res, default_batch) = if software {
@@ -163,9 +164,7 @@ fn run() -> Res<()> {
         trainer.train_step(&mut loader)?.loss.item()?;
     }
     device.synchronize()?;
-    if let Some(profile) = &profile {
-        profile.reset();
-    }
+    profile.reset();
     let started = Instant::now();
     let mut times = Vec::new();
     let mut last_loss = f64::NAN;
@@ -192,9 +191,19 @@ fn run() -> Res<()> {
         }
     }
     eprintln!();
-    if let Some(profile) = &profile {
-        print_profile(&profile.rows(), times.len());
+    let rows = profile.rows();
+    let device_timed = profile.device_timed();
+    if cli.profile_ops {
+        print_profile(&rows, times.len(), device_timed);
     }
+    let synchronous = candidate.kind == Kind::Cpu;
+    let ops = StepProfile::new(
+        &rows,
+        times.len(),
+        synchronous,
+        device_timed,
+        cli.profile_ops,
+    );
     let summary = Summary::new(&times, batch);
     let gmac = macs as f64 / 1e9;
     // Training ≈ 3× the forward pass (input and weight gradients), 2 FLOP per MAC.
@@ -218,6 +227,8 @@ fn run() -> Res<()> {
         "final_loss": last_loss,
         "loader_data_stall": loader.data_stall(),
         "measured_seconds": started.elapsed().as_secs_f64(),
+        "stream_gb_per_s": stream_gb_per_s,
+        "ops": ops.to_json(),
     });
     for (k, v) in extra.as_object().into_iter().flatten() {
         report[k] = v.clone();
@@ -238,23 +249,32 @@ fn run() -> Res<()> {
     Ok(())
 }
 
-/// The per-op table: ms per step for each op and shape, the largest first, and the total.
-fn print_profile(rows: &[OpRow], steps: usize) {
+/// The per-op table: ms per step for each op and shape, the largest first, and the total —
+/// device time where the device's clock took it (the host's issue time beside it), else host
+/// time.
+fn print_profile(rows: &[OpRow], steps: usize, device_timed: bool) {
     let steps = steps.max(1) as f64;
     let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps;
-    let total: f64 = rows.iter().map(|r| per_step(r.total)).sum();
-    eprintln!("ops per step (host timer around each op), {total:.1} ms in all:");
+    let time = |r: &OpRow| per_step(if device_timed { r.device } else { r.host });
+    let total: f64 = rows.iter().map(time).sum();
+    let clock = if device_timed {
+        "device timestamps around each op; host: time spent issuing it"
+    } else {
+        "host timer around each op"
+    };
+    eprintln!("ops per step ({clock}), {total:.1} ms in all:");
     eprintln!(
-        "  {:<44} {:>6} {:>9} {:>6}",
-        "op", "calls", "ms/step", "share"
+        "  {:<44} {:>6} {:>9} {:>6} {:>9}",
+        "op", "calls", "ms/step", "share", "host ms"
     );
     for r in rows {
-        let ms = per_step(r.total);
+        let ms = time(r);
         let calls = r.calls as f64 / steps;
         eprintln!(
-            "  {:<44} {calls:>6.0} {ms:>9.2} {:>5.1}%",
+            "  {:<44} {calls:>6.0} {ms:>9.2} {:>5.1}% {:>9.2}",
             r.label,
-            100.0 * ms / total
+            100.0 * ms / total,
+            per_step(r.host)
         );
     }
 }

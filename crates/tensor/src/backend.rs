@@ -152,8 +152,10 @@ impl fmt::Debug for Annotation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timestamp(pub u32);
 
-/// How many timestamps a device keeps before reusing a slot (a few hundred steps' phases).
-pub const TIMESTAMP_SLOTS: u32 = 1024;
+/// How many timestamps a device keeps before reusing a slot: a few hundred steps' phases, or
+/// one profiled step's (an op profile brackets every op with two; Vulkan allows at most 4096
+/// queries in a set).
+pub const TIMESTAMP_SLOTS: u32 = 4096;
 
 /// A device-to-host copy in flight, from [`Backend::download_async`]: [`wait`](Self::wait)
 /// blocks until the bytes are on the host. Dropping it without waiting is allowed.

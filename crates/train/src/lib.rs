@@ -1,12 +1,15 @@
 //! The trainer: one training step as five timed phases (data wait, host-to-device, forward,
 //! backward, optimizer) with autocast and GradScaler when the precision asks for them;
-//! evaluation with top-1/top-5; the per-step report as JSON, an SVG and a Chrome trace.
+//! evaluation with top-1/top-5; the per-step report as JSON, an SVG and a Chrome trace; the
+//! op profile behind a report's `ops` section and the doctor that reads a report.
 
 mod chart;
 pub mod checkpoint;
+pub mod doctor;
 mod error;
 mod metrics;
 mod precision;
+pub mod profile;
 mod recipe;
 mod report;
 mod timing;

@@ -14,6 +14,8 @@ pub struct Summary {
     pub images_per_sec: f64,
     pub step_p50_ms: f64,
     pub step_p90_ms: f64,
+    /// The mean step: per-step totals (an op profile's) divide into it.
+    pub step_mean_ms: f64,
     /// Median milliseconds of each phase, in [`Phase::ALL`] order.
     pub phase_p50_ms: [f64; 5],
     /// Share of the measured time spent waiting for data (0..1).
@@ -42,6 +44,7 @@ impl Summary {
             images_per_sec: batch as f64 / (p50 / 1e3),
             step_p50_ms: p50,
             step_p90_ms: percentile(&totals, 90.0),
+            step_mean_ms: all / steps.len().max(1) as f64,
             phase_p50_ms,
             data_stall: if all > 0.0 { wait / all } else { 0.0 },
             device_clock: !steps.is_empty() && steps.iter().all(|s| s.device_clock),
@@ -60,6 +63,7 @@ impl Summary {
             "images_per_sec": self.images_per_sec,
             "step_p50_ms": self.step_p50_ms,
             "step_p90_ms": self.step_p90_ms,
+            "step_mean_ms": self.step_mean_ms,
             "breakdown_p50_ms": breakdown,
             "data_stall": self.data_stall,
             "phase_clock": if self.device_clock {
@@ -107,6 +111,7 @@ mod tests {
         ];
         let s = Summary::new(&steps, 8);
         assert_eq!(s.step_p50_ms, 100.0);
+        assert!((s.step_mean_ms - 400.0 / 3.0).abs() < 1e-9);
         assert!((s.images_per_sec - 80.0).abs() < 1e-9);
         assert!((s.data_stall - 110.0 / 400.0).abs() < 1e-12);
         assert_eq!(s.phase_p50_ms, [10.0, 5.0, 30.0, 60.0, 5.0]);

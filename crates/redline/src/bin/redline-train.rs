@@ -21,7 +21,8 @@ use redline::registry::{self, Kind};
 use redline_loader::{Config, Loader, Position};
 use redline_nn::{decay_groups, ResNet, ResNetConfig, Schedule, Sgd};
 use redline_shard::ShardSet;
-use redline_train::{progressive_res, Precision, TrainConfig, Trainer};
+use redline_train::profile::{stream_bandwidth, OpProfile, StepProfile};
+use redline_train::{progressive_res, Precision, Summary, TrainConfig, Trainer};
 use serde_json::json;
 
 type Res<T> = Result<T, Box<dyn Error>>;
@@ -107,6 +108,11 @@ fn run() -> Res<()> {
         .ok_or("--data DIR (with train/ and val/) is required")?;
     let (train, val) = (open(&data.join("train"))?, open(&data.join("val"))?);
     let (candidate, device) = registry::select(cli.device.as_deref())?;
+    // Each epoch's steps are summarised in the report with their ops counted by kind, so
+    // `cargo xtask doctor` can read a training run as it reads a bench.
+    let synchronous = candidate.kind == Kind::Cpu;
+    let stream_gb_per_s = stream_bandwidth(&device, 64 << 20)?;
+    let (device, profile) = OpProfile::wrap(device, false);
     let model_name = cli.model;
     let (res, batch, epochs, wd, seed) = (cli.res, cli.batch, cli.epochs, cli.wd, cli.seed);
     let min_res = cli.min_res.unwrap_or(res);
@@ -193,8 +199,11 @@ fn run() -> Res<()> {
         };
         let mut loader = Loader::new(train.clone(), loader_config(epoch_res, true), start)?;
         let (t0, mut images, mut loss_sum, mut losses) = (Instant::now(), 0, 0.0, 0);
+        let mut times = Vec::new();
+        profile.reset();
         for _ in first..per_epoch {
             let step = trainer.train_step(&mut loader)?;
+            times.push(step.times);
             images += step.images;
             if trainer.steps() % 10 == 0 {
                 loss_sum += step.loss.item()?;
@@ -209,6 +218,11 @@ fn run() -> Res<()> {
             }
         }
         eprintln!();
+        let ops = StepProfile::new(&profile.rows(), times.len(), synchronous, false, false);
+        let mut steps = Summary::new(&times, batch).to_json();
+        steps["resolution"] = json!(epoch_res);
+        steps["stream_gb_per_s"] = json!(stream_gb_per_s);
+        steps["ops"] = ops.to_json();
         let mut val_loader =
             Loader::new(val.clone(), loader_config(res, false), Position::default())?;
         let n = val_loader.batches_per_epoch();
@@ -223,12 +237,13 @@ fn run() -> Res<()> {
             "epoch": epoch, "train_res": epoch_res, "train_images_per_sec":
                 images as f64 / t0.elapsed().as_secs_f64(),
             "val_loss": eval.loss, "val_top1": eval.top1, "val_top5": eval.top5,
-            "checkpoint": ckpt.display().to_string(),
+            "checkpoint": ckpt.display().to_string(), "steps": steps,
         }));
     }
     let last = history.last().cloned().unwrap_or_default();
     let report = json!({
-        "device": device.name(), "model": model_name, "precision": precision.to_string(),
+        "device": device.name(), "device_kind": format!("{:?}", candidate.kind).to_lowercase(),
+        "workers": workers, "decoder": redline_loader::Codec::best().name(), "model": model_name, "precision": precision.to_string(),
         "batch": batch, "epochs": epochs, "lr": lr, "resolution": res, "min_resolution": min_res,
         "final_val_top1": last["val_top1"], "final_val_top5": last["val_top5"],
         "seconds": started.elapsed().as_secs_f64(), "history": history,
