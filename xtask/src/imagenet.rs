@@ -17,6 +17,8 @@ const INSTALL_TORCH: &str = "--vs pytorch needs torch and torchvision importable
 const SYNTH_IMAGES: u64 = 1000;
 const SYNTH_CLASSES: u64 = 10;
 
+const GIB: f64 = (1u64 << 30) as f64;
+
 #[derive(Args)]
 pub struct ImagenetArgs {
     /// Shards (a set, or a folder with `train/`) or an ImageFolder tree (converted once, cached).
@@ -342,11 +344,18 @@ fn print_table(r: &Value) {
         );
     }
     println!("  data stall     {:.3} of the step time", f("data_stall"));
-    if let Some(peak) = r["peak_memory_bytes"].as_f64() {
+    let m = &r["device_memory"];
+    if let Some(reserved) = m["reserved_bytes"].as_f64() {
         println!(
-            "  peak memory    {:.2} GiB (process peak RSS)",
-            peak / (1u64 << 30) as f64
+            "  device memory  {:.2} GiB reserved, peak {:.2} GiB in use, {} device allocations \
+             while measuring",
+            reserved / GIB,
+            m["peak_in_use_bytes"].as_f64().unwrap_or(f64::NAN) / GIB,
+            m["device_allocations_measured"]
         );
+    }
+    if let Some(peak) = r["peak_memory_bytes"].as_f64() {
+        println!("  peak memory    {:.2} GiB (process peak RSS)", peak / GIB);
     }
     println!(
         "  compute        {:.2} GMAC/img, {:.1} GFLOP/s achieved (training = 3 × forward)",

@@ -20,7 +20,7 @@ use redline::registry::{self, Kind};
 use redline_loader::{Config, Loader, Position};
 use redline_nn::{named_parameters, AdamW, ParamGroup, ResNet, ResNetConfig};
 use redline_shard::ShardSet;
-use redline_train::profile::{stream_bandwidth, OpProfile, OpRow, StepProfile};
+use redline_train::profile::{memory_json, stream_bandwidth, OpProfile, OpRow, StepProfile};
 use redline_train::{chrome_trace, svg, Precision, Summary, TrainConfig, Trainer};
 use serde_json::json;
 
@@ -165,6 +165,7 @@ fn run() -> Res<()> {
     }
     device.synchronize()?;
     profile.reset();
+    let memory_before = device.memory_stats();
     let started = Instant::now();
     let mut times = Vec::new();
     let mut last_loss = f64::NAN;
@@ -196,6 +197,10 @@ fn run() -> Res<()> {
     if cli.profile_ops {
         print_profile(&rows, times.len(), device_timed);
     }
+    device.synchronize()?;
+    // The caching allocator over the measured steps: nothing new from the device in a
+    // steady state.
+    let device_memory = memory_json(memory_before, device.memory_stats(), times.len());
     let synchronous = candidate.kind == Kind::Cpu;
     let ops = StepProfile::new(
         &rows,
@@ -228,6 +233,7 @@ fn run() -> Res<()> {
         "loader_data_stall": loader.data_stall(),
         "measured_seconds": started.elapsed().as_secs_f64(),
         "stream_gb_per_s": stream_gb_per_s,
+        "device_memory": device_memory,
         "ops": ops.to_json(),
     });
     for (k, v) in extra.as_object().into_iter().flatten() {

@@ -46,7 +46,8 @@ use redline_tensor::{
 
 pub use emulator::Emulator;
 pub use gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Library, Strided};
-pub use memory::{Buffer, MemoryPool, MemoryStats};
+pub use memory::{Buffer, MemoryPool};
+pub use redline_tensor::MemoryStats;
 
 use ops::elementwise::{self, Operand};
 
@@ -333,6 +334,10 @@ impl Backend for CudaBackend {
 
     fn host_allocator(&self) -> Option<Arc<dyn redline_hostmem::HostAllocator>> {
         self.gpu.host_allocator()
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        Some(self.memory.stats())
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -14,39 +14,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use redline_tensor::{Result, TensorError};
+use redline_tensor::{MemoryStats, Result, TensorError};
 
 use crate::gpu::{DevicePtr, Gpu};
-
-/// What the allocator holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MemoryStats {
-    /// Bytes in blocks that storages hold now (by size class).
-    pub in_use: usize,
-    /// Bytes taken from the device: in use plus cached.
-    pub reserved: usize,
-    /// The most `in_use` has been.
-    pub peak_in_use: usize,
-    /// Allocations from the device (each a cudaMalloc-class call).
-    pub device_allocations: u64,
-    /// Requests served from the cache.
-    pub reuses: u64,
-}
-
-impl std::fmt::Display for MemoryStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
-        write!(
-            f,
-            "{:.1} MiB in use, {:.1} MiB reserved, peak {:.1} MiB in use, {} device allocations, {} reuses",
-            mib(self.in_use),
-            mib(self.reserved),
-            mib(self.peak_in_use),
-            self.device_allocations,
-            self.reuses
-        )
-    }
-}
 
 /// The size class of a request: what is really allocated for it.
 pub fn size_class(bytes: usize) -> usize {

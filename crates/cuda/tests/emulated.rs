@@ -547,3 +547,15 @@ fn emulators_on_several_threads_keep_their_shared_memory_apart() {
         t.join().expect("a reduction saw another thread's partials");
     }
 }
+
+#[test]
+fn a_training_loop_steady_state_allocates_nothing_from_the_device() {
+    // The AMP loop of the tiny CNN through the Backend contract's statistics: the caching
+    // allocator serves every step after the warm-up from its cache.
+    let device = Device::new(Arc::new(CudaBackend::emulated().unwrap()));
+    redline_testkit::training::check_steady_state_memory(&device).unwrap();
+    let stats = device
+        .memory_stats()
+        .expect("the caching allocator's statistics");
+    assert!(stats.device_allocations > 0 && stats.reuses > stats.device_allocations);
+}

@@ -86,6 +86,10 @@ fn the_doctor_reads_a_real_cpu_training_run() {
             > 0.0
     );
     assert!(steps["stream_gb_per_s"].as_f64().unwrap() > 0.0);
+    assert!(
+        steps["device_memory"].is_null(),
+        "the CPU backend keeps no allocator statistics"
+    );
     // On the synchronous CPU backend, launches and waits cannot starve a queue; data and
     // memory access are judged from measurements.
     assert_eq!(status(&d, "many short kernels, host-bound"), "n/a");
@@ -116,6 +120,14 @@ fn the_doctor_reads_a_real_wgpu_training_run() {
     let dir = tempfile::tempdir().unwrap();
     let (report, text, d) = train_and_diagnose("wgpu", dir.path());
     let ops = &report["history"][0]["steps"]["ops"];
+    // The buffer pool served every step after the epoch's first from its cache.
+    let memory = &report["history"][0]["steps"]["device_memory"];
+    assert_eq!(memory["steps"], 3, "{memory}");
+    assert_eq!(memory["device_allocations_measured"], 0, "{memory}");
+    assert!(
+        memory["reuses_measured"].as_u64().unwrap() > 100,
+        "{memory}"
+    );
     // An asynchronous device: host time only times the enqueueing, and the report says so.
     assert_eq!(ops["clock"], "host timer (enqueue only)", "{ops}");
     assert!(ops["device_ms_per_step"].is_null());

@@ -157,6 +157,39 @@ pub struct Timestamp(pub u32);
 /// queries in a set).
 pub const TIMESTAMP_SLOTS: u32 = 4096;
 
+/// What a device's allocator holds ([`Backend::memory_stats`]): bytes in use by storages, bytes
+/// taken from the device (in use plus cached for reuse), the peak in use, and how many requests
+/// went to the device and how many the cache served. A training step's steady state makes no
+/// device allocations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes in blocks that storages hold now (by size class).
+    pub in_use: usize,
+    /// Bytes taken from the device: in use plus cached.
+    pub reserved: usize,
+    /// The most `in_use` has been.
+    pub peak_in_use: usize,
+    /// Allocations from the device (a cudaMalloc-class call, a new wgpu buffer).
+    pub device_allocations: u64,
+    /// Requests served from the cache.
+    pub reuses: u64,
+}
+
+impl std::fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+        write!(
+            f,
+            "{:.1} MiB in use, {:.1} MiB reserved, peak {:.1} MiB in use, {} device allocations, {} reuses",
+            mib(self.in_use),
+            mib(self.reserved),
+            mib(self.peak_in_use),
+            self.device_allocations,
+            self.reuses
+        )
+    }
+}
+
 /// A device-to-host copy in flight, from [`Backend::download_async`]: [`wait`](Self::wait)
 /// blocks until the bytes are on the host. Dropping it without waiting is allowed.
 pub struct Download(Box<dyn FnOnce() -> Result<Vec<u8>> + Send>);
@@ -525,6 +558,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The host allocator loader pools should use so batches upload without a staging copy
     /// (page-locked memory on CUDA, DESIGN contract 7); `None`: the default page-aligned one.
     fn host_allocator(&self) -> Option<Arc<dyn HostAllocator>> {
+        None
+    }
+
+    /// What the device's caching allocator holds; `None` where storages are plain host
+    /// allocations (the CPU backends: the process's resident memory tells their story).
+    fn memory_stats(&self) -> Option<MemoryStats> {
         None
     }
 

@@ -67,6 +67,11 @@ impl Device {
     pub fn host_allocator(&self) -> Option<std::sync::Arc<dyn redline_hostmem::HostAllocator>> {
         self.0.host_allocator()
     }
+
+    /// What the device's caching allocator holds ([`Backend::memory_stats`]).
+    pub fn memory_stats(&self) -> Option<crate::MemoryStats> {
+        self.0.memory_stats()
+    }
 }
 
 impl PartialEq for Device {

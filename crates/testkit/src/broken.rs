@@ -20,6 +20,9 @@ pub enum Fault {
     SumDropsLastElement,
     /// Declares f16 `neg` but fails when asked to run it.
     RefusesDeclaredOp,
+    /// Reports allocator statistics in which every binary op takes a new block from the
+    /// device: a caching allocator that never caches.
+    AllocatesEveryOp,
 }
 
 /// The reference backend with `fault` injected.
@@ -28,6 +31,8 @@ pub struct Broken {
     inner: Reference,
     fault: Fault,
     undeclared: Vec<DType>,
+    /// Binary ops run (the allocations [`Fault::AllocatesEveryOp`] reports).
+    binaries: std::sync::atomic::AtomicU64,
 }
 
 impl Broken {
@@ -36,6 +41,7 @@ impl Broken {
             inner: Reference::new(),
             fault,
             undeclared: Vec::new(),
+            binaries: Default::default(),
         }
     }
 
@@ -98,7 +104,18 @@ impl Backend for Broken {
         }
     }
     fn binary(&self, op: BinaryOp, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage> {
+        (self.binaries).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.binary(op, a, b, out)
+    }
+    fn memory_stats(&self) -> Option<redline_tensor::MemoryStats> {
+        let n = self.binaries.load(std::sync::atomic::Ordering::Relaxed);
+        (self.fault == Fault::AllocatesEveryOp).then_some(redline_tensor::MemoryStats {
+            in_use: 0,
+            reserved: n as usize * 512,
+            peak_in_use: 512,
+            device_allocations: n,
+            reuses: 0,
+        })
     }
     fn reduce(&self, op: ReduceOp, x: View<'_>, axes: &[usize]) -> Result<Storage> {
         if self.fault == Fault::SumDropsLastElement && op == ReduceOp::Sum && x.layout.numel() > 1 {

@@ -124,6 +124,13 @@ fn a_declared_op_that_errors_fails_the_suite() {
 }
 
 #[test]
+fn an_allocator_that_never_caches_fails_the_steady_state_check() {
+    let leaky = Device::new(Arc::new(Broken::new(Fault::AllocatesEveryOp)));
+    let err = redline_testkit::training::check_steady_state_memory(&leaky).unwrap_err();
+    assert!(err.contains("allocated from the device"), "{err}");
+}
+
+#[test]
 fn the_reference_refuses_max_pool_positions_outside_their_plane() {
     redline_testkit::conformance::refuses_out_of_plane_positions(
         &redline_tensor::Device::reference(),

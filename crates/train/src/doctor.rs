@@ -150,6 +150,8 @@ struct Evidence {
     synchronous: bool,
     ops: Option<Ops>,
     stream_gb_per_s: Option<f64>,
+    /// Device allocations per measured step (devices with a caching allocator).
+    allocations_per_step: Option<f64>,
 }
 
 struct Ops {
@@ -271,6 +273,7 @@ pub fn diagnose(report: &Value) -> Result<Diagnosis, NotAReport> {
         synchronous: clock.contains("synchronously") || kind == "cpu",
         ops: ops.and_then(Ops::read),
         stream_gb_per_s: field(steps, "stream_gb_per_s"),
+        allocations_per_step: allocations_per_step(steps, report),
     };
     let findings = vec![
         data(&evidence, report),
@@ -297,6 +300,14 @@ pub fn diagnose(report: &Value) -> Result<Diagnosis, NotAReport> {
     };
     diagnosis.verdict = verdict(&diagnosis, &evidence, report);
     Ok(diagnosis)
+}
+
+/// Device allocations per step over the steps the report's `device_memory` section counted.
+fn allocations_per_step(steps: &Value, report: &Value) -> Option<f64> {
+    let m = steps
+        .get("device_memory")
+        .or_else(|| report.get("device_memory"))?;
+    Some(num(m, "device_allocations_measured")? / num(m, "steps")?.max(1.0))
 }
 
 fn verdict(d: &Diagnosis, e: &Evidence, report: &Value) -> String {
@@ -541,35 +552,48 @@ fn synchronisation(e: &Evidence) -> Finding {
         };
     }
     let busy = ops.device_ms.map(|d| d / part);
-    let evidence = format!(
+    let mut evidence = format!(
         "the host waited for the device {:.1} ms a step ({} of the device part): {calls}; {}",
         ops.blocked_ms,
         pct(share),
         busy_text(busy)
     );
-    let Some(busy) = busy else {
-        return Finding {
-            status: if share >= BLOCKED {
-                Status::NotMeasured
-            } else {
-                Status::Clear
-            },
-            ..not_measured(
-                b,
-                &format!("{evidence}; whether the device idled meanwhile needs --profile-ops"),
-            )
-        };
+    // cudaMalloc and cudaFree can synchronise the device: a steady state takes none.
+    let allocating = e.allocations_per_step.filter(|&a| a >= 1.0);
+    if let Some(a) = allocating {
+        evidence += &format!("; {a:.1} device allocations a step while measuring");
+    }
+    let waits = match busy {
+        Some(busy) => share >= BLOCKED && busy < BUSY,
+        None if allocating.is_none() => {
+            return Finding {
+                status: if share >= BLOCKED {
+                    Status::NotMeasured
+                } else {
+                    Status::Clear
+                },
+                ..not_measured(
+                    b,
+                    &format!("{evidence}; whether the device idled meanwhile needs --profile-ops"),
+                )
+            };
+        }
+        None => false,
     };
-    let holds = share >= BLOCKED && busy < BUSY;
+    let holds = waits || allocating.is_some();
+    let fix = match (waits, ops.blocking.first(), allocating) {
+        (true, Some((call, _, _)), _) => format!("{call}: {}", explain(call)),
+        (_, _, Some(_)) => "device allocations in the steady state: serve every step from the \
+                            caching allocator (static shapes, a higher cap)"
+            .into(),
+        _ => String::new(),
+    };
     Finding {
         bottleneck: b,
         status: if holds { Status::Holds } else { Status::Clear },
         share: Some(share.min(1.0)),
         evidence,
-        fix: match (holds, ops.blocking.first()) {
-            (true, Some((call, _, _))) => format!("{call}: {}", explain(call)),
-            _ => String::new(),
-        },
+        fix,
     }
 }
 
@@ -733,6 +757,26 @@ mod tests {
             "{}",
             f.fix
         );
+    }
+
+    #[test]
+    fn device_allocations_in_the_steady_state_are_named() {
+        let ops = ops(DEVICE, 300.0, 10.0, &[], Some(95.0), (5.0, 4e9));
+        let mut r = report("cuda", 0.0, ops);
+        r["device_memory"] =
+            json!({"device_allocations_measured": 0, "reserved_bytes": 1e9, "steps": 10});
+        let d = diagnose(&r).unwrap();
+        assert_eq!(d.finding(Bottleneck::Synchronisation).status, Status::Clear);
+        r["device_memory"]["device_allocations_measured"] = json!(250);
+        let d = diagnose(&r).unwrap();
+        let f = d.finding(Bottleneck::Synchronisation);
+        assert_eq!(f.status, Status::Holds, "{f:?}");
+        assert!(
+            f.evidence.contains("25.0 device allocations a step"),
+            "{}",
+            f.evidence
+        );
+        assert!(f.fix.contains("caching allocator"));
     }
 
     #[test]

@@ -459,6 +459,27 @@ pub fn stream_bandwidth(device: &Device, bytes: usize) -> Result<f64> {
     Ok(2.0 * (len * 4) as f64 / best / 1e9)
 }
 
+/// A report's `device_memory` section: what the device's caching allocator holds `after`
+/// `steps` steps, and what it took from the device and served from its cache since `before`
+/// (null where the device keeps no statistics).
+pub fn memory_json(
+    before: Option<redline_tensor::MemoryStats>,
+    after: Option<redline_tensor::MemoryStats>,
+    steps: usize,
+) -> Value {
+    let (Some(before), Some(after)) = (before, after) else {
+        return Value::Null;
+    };
+    json!({
+        "in_use_bytes": after.in_use,
+        "reserved_bytes": after.reserved,
+        "peak_in_use_bytes": after.peak_in_use,
+        "device_allocations_measured": after.device_allocations - before.device_allocations,
+        "reuses_measured": after.reuses - before.reuses,
+        "steps": steps,
+    })
+}
+
 /// Batch-norm ops' label suffix: two operands, and gated.
 fn operands(y: bool, gate: bool) -> &'static str {
     match (y, gate) {
@@ -493,6 +514,9 @@ impl Backend for OpProfile {
     }
     fn host_allocator(&self) -> Option<Arc<dyn redline_hostmem::HostAllocator>> {
         self.inner.backend().host_allocator()
+    }
+    fn memory_stats(&self) -> Option<redline_tensor::MemoryStats> {
+        self.inner.backend().memory_stats()
     }
     fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<Storage> {
         let bytes = (len * dtype.size()) as u64;

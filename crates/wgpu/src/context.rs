@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use redline_tensor::{Download, Result, TensorError, TIMESTAMP_SLOTS};
+use redline_tensor::{Download, MemoryStats, Result, TensorError, TIMESTAMP_SLOTS};
 
 /// Ops encoded before a submit is forced (downloads and uploads also flush).
 const OPS_PER_SUBMIT: usize = 64;
@@ -31,20 +31,33 @@ impl PooledBuffer {
 impl Drop for PooledBuffer {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
-            self.pool.lock().entry(self.class).or_default().push(buffer);
+            let mut pool = self.pool.lock();
+            pool.stats.in_use -= self.class as usize;
+            pool.free.entry(self.class).or_default().push(buffer);
         }
     }
 }
 
-/// Free buffers by size class (powers of two), so the steady state creates no buffers.
+/// Free buffers by size class (powers of two), so the steady state creates no buffers; and
+/// what the pool holds.
 #[derive(Default)]
 pub(crate) struct BufferPool {
-    free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    stats: MemoryStats,
 }
 
 impl BufferPool {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Vec<wgpu::Buffer>>> {
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn stats(&self) -> MemoryStats {
+        self.lock().stats
     }
 
     fn take(
@@ -54,18 +67,28 @@ impl BufferPool {
         usage: wgpu::BufferUsages,
     ) -> PooledBuffer {
         let class = bytes.max(256).next_power_of_two();
-        let buffer = self
-            .lock()
-            .get_mut(&class)
-            .and_then(Vec::pop)
-            .unwrap_or_else(|| {
+        let mut pool = self.lock();
+        let reused = pool.free.get_mut(&class).and_then(Vec::pop);
+        let stats = &mut pool.stats;
+        stats.in_use += class as usize;
+        stats.peak_in_use = stats.peak_in_use.max(stats.in_use);
+        let buffer = match reused {
+            Some(buffer) => {
+                stats.reuses += 1;
+                buffer
+            }
+            None => {
+                stats.device_allocations += 1;
+                stats.reserved += class as usize;
+                drop(pool);
                 device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("redline pooled buffer"),
                     size: class,
                     usage,
                     mapped_at_creation: false,
                 })
-            });
+            }
+        };
         PooledBuffer {
             buffer: Some(buffer),
             class,
@@ -192,6 +215,11 @@ impl Context {
             device: self.name(),
             what: what.into(),
         }
+    }
+
+    /// What the storage-buffer pool holds (read-back staging buffers are not counted).
+    pub(crate) fn memory_stats(&self) -> MemoryStats {
+        self.storage.stats()
     }
 
     /// A storage buffer of at least `bytes` (rounded up to 4), from the pool.

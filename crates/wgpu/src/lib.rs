@@ -297,6 +297,10 @@ impl Backend for WgpuBackend {
         self.ctx.read_async(self.buffer(&copy)?, bytes as u64)
     }
 
+    fn memory_stats(&self) -> Option<redline_tensor::MemoryStats> {
+        Some(self.ctx.memory_stats())
+    }
+
     fn synchronize(&self) -> Result<()> {
         self.ctx.wait()
     }

@@ -225,3 +225,16 @@ fn uploads_on_other_threads_never_overwrite_buffers_still_in_use() {
         t.join().expect("a thread saw another thread's upload");
     }
 }
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn a_training_loop_steady_state_creates_no_buffers() {
+    if device().is_none() {
+        return;
+    }
+    // A device of its own: the shared one's pool also serves the tests running beside this.
+    let device = Device::new(Arc::new(WgpuBackend::new(|_| true).unwrap()));
+    redline_testkit::training::check_steady_state_memory(&device).unwrap();
+    let stats = device.memory_stats().expect("the buffer pool's statistics");
+    assert!(stats.reserved >= stats.in_use && stats.peak_in_use >= stats.in_use);
+}

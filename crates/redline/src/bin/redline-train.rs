@@ -21,7 +21,7 @@ use redline::registry::{self, Kind};
 use redline_loader::{Config, Loader, Position};
 use redline_nn::{decay_groups, ResNet, ResNetConfig, Schedule, Sgd};
 use redline_shard::ShardSet;
-use redline_train::profile::{stream_bandwidth, OpProfile, StepProfile};
+use redline_train::profile::{memory_json, stream_bandwidth, OpProfile, StepProfile};
 use redline_train::{progressive_res, Precision, Summary, TrainConfig, Trainer};
 use serde_json::json;
 
@@ -201,9 +201,15 @@ fn run() -> Res<()> {
         let (t0, mut images, mut loss_sum, mut losses) = (Instant::now(), 0, 0.0, 0);
         let mut times = Vec::new();
         profile.reset();
+        // After the epoch's first step (a new resolution's first step fills the cache).
+        let mut memory_before = None;
         for _ in first..per_epoch {
             let step = trainer.train_step(&mut loader)?;
             times.push(step.times);
+            if times.len() == 1 {
+                device.synchronize()?;
+                memory_before = device.memory_stats();
+            }
             images += step.images;
             if trainer.steps() % 10 == 0 {
                 loss_sum += step.loss.item()?;
@@ -223,6 +229,9 @@ fn run() -> Res<()> {
         steps["resolution"] = json!(epoch_res);
         steps["stream_gb_per_s"] = json!(stream_gb_per_s);
         steps["ops"] = ops.to_json();
+        device.synchronize()?;
+        let after_first = times.len().saturating_sub(1);
+        steps["device_memory"] = memory_json(memory_before, device.memory_stats(), after_first);
         let mut val_loader =
             Loader::new(val.clone(), loader_config(res, false), Position::default())?;
         let n = val_loader.batches_per_epoch();
