@@ -164,32 +164,42 @@ fn run() -> Res<()> {
         trainer.train_step(&mut loader)?.loss.item()?;
     }
     device.synchronize()?;
+    trainer.take_times()?;
     profile.reset();
     let memory_before = device.memory_stats();
     let started = Instant::now();
+    // Nothing in the measured steps waits for the device: phase times arrive TIMES_LAG steps
+    // late, and the loss shown is read asynchronously, one report late.
     let mut times = Vec::new();
     let mut last_loss = f64::NAN;
+    let mut loss_in_flight = None;
+    let mut steps = 0;
     loop {
         let step = trainer.train_step(&mut loader)?;
-        times.push(step.times);
+        steps += 1;
+        times.extend(step.times);
         let done = match max_steps {
-            Some(n) => times.len() >= n,
-            None => started.elapsed().as_secs_f64() >= seconds && times.len() >= 5,
+            Some(n) => steps >= n,
+            None => started.elapsed().as_secs_f64() >= seconds && steps >= 5,
         };
-        if times.len() % 5 == 0 || done {
-            last_loss = step.loss.item()?;
+        if steps % 5 == 0 || done {
+            if let Some(loss) = loss_in_flight.replace(step.loss.to_vec_async::<f32>()?) {
+                last_loss = loss.wait()?.first().map_or(f64::NAN, |&l| f64::from(l));
+            }
             let s = Summary::new(&times, batch);
             eprint!(
-                "\r  step {:>4}  {:>7.2} img/s  loss {:.3}  {:.0} s ",
-                times.len(),
+                "\r  step {steps:>4}  {:>7.2} img/s  loss {last_loss:.3}  {:.0} s ",
                 s.images_per_sec,
-                last_loss,
                 started.elapsed().as_secs_f64()
             );
         }
         if done {
             break;
         }
+    }
+    times.extend(trainer.take_times()?);
+    if let Some(loss) = loss_in_flight {
+        last_loss = loss.wait()?.first().map_or(f64::NAN, |&l| f64::from(l));
     }
     eprintln!();
     let rows = profile.rows();

@@ -21,8 +21,8 @@ pub use metrics::{top_k_correct, Evaluation};
 pub use precision::Precision;
 pub use recipe::progressive_res;
 pub use report::{chrome_trace, Summary};
-pub use timing::{percentile, Phase, PhaseClock, StepTimes};
-pub use trainer::{Inputs, Step, TrainConfig, Trainer, IMAGENET_MEAN, IMAGENET_STD};
+pub use timing::{percentile, PendingTimes, Phase, PhaseClock, StepTimes};
+pub use trainer::{Inputs, Step, TrainConfig, Trainer, IMAGENET_MEAN, IMAGENET_STD, TIMES_LAG};
 
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 

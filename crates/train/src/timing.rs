@@ -142,20 +142,55 @@ impl<'a> PhaseClock<'a> {
 
     /// The step's times: device phases are read from their timestamps (waiting until the
     /// device has taken the last).
-    pub fn finish(mut self) -> Result<StepTimes> {
-        let Some(opened) = self.opened.filter(|_| !self.closed.is_empty()) else {
-            return Ok(self.times);
+    pub fn finish(self) -> Result<StepTimes> {
+        let device = self.device;
+        self.finish_later().read(device)
+    }
+
+    /// The step's times without waiting for the device: its device phases are read later
+    /// ([`PendingTimes::read`]), once the device has moved on — so the host can issue the next
+    /// steps meanwhile instead of draining the queue at every step's end.
+    pub fn finish_later(self) -> PendingTimes {
+        let stamps = (self.opened)
+            .filter(|_| !self.closed.is_empty())
+            .map(|opened| (opened, self.closed));
+        PendingTimes {
+            times: self.times,
+            stamps,
+        }
+    }
+}
+
+/// A step's phase times whose device phases are still on the device, as timestamps.
+#[derive(Debug)]
+pub struct PendingTimes {
+    times: StepTimes,
+    /// Where the device phases opened, and each one's closing timestamp.
+    stamps: Option<(Timestamp, Vec<(Phase, Timestamp)>)>,
+}
+
+impl PendingTimes {
+    /// Nothing left to read (a synchronous device, timed on the host).
+    pub fn is_ready(&self) -> bool {
+        self.stamps.is_none()
+    }
+
+    /// The times, reading the device phases from `device` (the clock's device), waiting until
+    /// it has taken the last of them.
+    pub fn read(self, device: &Device) -> Result<StepTimes> {
+        let mut times = self.times;
+        let Some((opened, closed)) = self.stamps else {
+            return Ok(times);
         };
         let stamps: Vec<Timestamp> = std::iter::once(opened)
-            .chain(self.closed.iter().map(|&(_, s)| s))
+            .chain(closed.iter().map(|&(_, s)| s))
             .collect();
-        let ns = self.device.read_timestamps(&stamps)?;
-        for (&(phase, _), pair) in self.closed.iter().zip(ns.windows(2)) {
-            self.times.phases[phase as usize] +=
-                Duration::from_nanos(pair[1].saturating_sub(pair[0]));
+        let ns = device.read_timestamps(&stamps)?;
+        for (&(phase, _), pair) in closed.iter().zip(ns.windows(2)) {
+            times.phases[phase as usize] += Duration::from_nanos(pair[1].saturating_sub(pair[0]));
         }
-        self.times.device_clock = true;
-        Ok(self.times)
+        times.device_clock = true;
+        Ok(times)
     }
 }
 

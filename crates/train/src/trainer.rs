@@ -10,7 +10,7 @@ use redline_tensor::{no_grad, DType, Device, HostBytes, Tensor};
 use crate::checkpoint::{self, Progress};
 use crate::metrics::{top_k_correct, Evaluation};
 use crate::precision::Precision;
-use crate::timing::{Phase, PhaseClock, StepTimes};
+use crate::timing::{PendingTimes, Phase, PhaseClock, StepTimes};
 use crate::{Result, TrainError};
 
 /// torchvision's normalisation constants (ImageNet RGB mean and standard deviation).
@@ -40,9 +40,18 @@ pub struct Inputs {
     pub ignore_index: Option<i64>,
 }
 
+/// How many steps late a trainer reads the phase times of a step on a device with a clock:
+/// reading them waits for the device to reach that step's end, and two steps back it already
+/// has — so the host keeps issuing work and never drains the queue, yet stays at most this many
+/// steps ahead of the device.
+pub const TIMES_LAG: usize = 2;
+
 /// What one training step did. `loss` stays on the device: reading it waits for the step.
 pub struct Step {
-    pub times: StepTimes,
+    /// Phase times that became known during this step: this step's own on a synchronous
+    /// device (timed by the host); on a device with a clock, those of the step
+    /// [`TIMES_LAG`] back (none for the first ones) — [`Trainer::take_times`] reads the rest.
+    pub times: Option<StepTimes>,
     pub loss: Tensor,
     pub lr: f64,
     pub images: usize,
@@ -59,6 +68,8 @@ pub struct Trainer {
     steps: usize,
     /// Where the next training batch starts (after the last one `train_step` took).
     position: Position,
+    /// Steps whose phase times are still on the device, oldest first.
+    pending_times: std::collections::VecDeque<PendingTimes>,
 }
 
 impl Trainer {
@@ -92,6 +103,7 @@ impl Trainer {
             params,
             steps: 0,
             position: Position::default(),
+            pending_times: Default::default(),
         })
     }
 
@@ -276,12 +288,33 @@ impl Trainer {
         let lr = self.lr();
         self.update()?;
         clock.lap(Phase::Optimizer)?;
+        self.pending_times.push_back(clock.finish_later());
+        let known = self.pending_times.len() > TIMES_LAG
+            || self
+                .pending_times
+                .front()
+                .is_some_and(PendingTimes::is_ready);
+        let times = match known {
+            true => (self.pending_times.pop_front())
+                .map(|t| t.read(&device))
+                .transpose()?,
+            false => None,
+        };
         Ok(Step {
-            times: clock.finish()?,
+            times,
             loss: loss.detach(),
             lr,
             images,
         })
+    }
+
+    /// The phase times of the steps not yet reported, oldest first (waiting for the device to
+    /// finish them): at the end of a measurement, or to drop the warm-up's.
+    pub fn take_times(&mut self) -> Result<Vec<StepTimes>> {
+        let device = self.device.clone();
+        (self.pending_times.drain(..))
+            .map(|t| Ok(t.read(&device)?))
+            .collect()
     }
 
     /// Loss, top-1 and top-5 over `batches` in evaluation mode (running statistics, no tape);

@@ -79,7 +79,9 @@ fn a_small_cnn_learns_the_synthetic_set_well_above_chance() {
     for _ in 0..total {
         let step = trainer.train_step(&mut batches).unwrap();
         assert_eq!(step.images, 32);
-        assert!(step.times.get(Phase::Backward) > std::time::Duration::ZERO);
+        // The CPU backend is timed on the host: each step's times are known at once.
+        let times = step.times.expect("a synchronous device's own step times");
+        assert!(times.get(Phase::Backward) > std::time::Duration::ZERO);
         losses.push(step.loss.item().unwrap());
     }
     let mut val_batches = loader(&val, 32, false);
@@ -349,4 +351,54 @@ fn a_checkpoint_of_another_model_or_a_damaged_file_is_refused_naming_what() {
     );
     // The refused loads wrote nothing: the trainer still loads the good file.
     assert_eq!(again.load(&path).unwrap().seed, 7);
+}
+
+#[test]
+fn on_a_device_with_a_clock_step_times_arrive_two_steps_late() {
+    // The CUDA backend on its host emulator: phases timed by its events and read TIMES_LAG
+    // steps late (a read of the step just issued would drain the queue), with no
+    // synchronisation anywhere in the steps.
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 48);
+    let backend = Arc::new(redline_cuda::CudaBackend::emulated().unwrap());
+    let device = Device::new(backend.clone());
+    let model = small_cnn(&device);
+    let sgd = Sgd::new(decay_groups(&model, 5e-5), 0.9, 0.0, true).unwrap();
+    let config = TrainConfig {
+        precision: Precision::Fp32,
+        label_smoothing: 0.0,
+        clip_norm: None,
+        base_lr: 0.1,
+        schedule: Schedule::Constant,
+    };
+    let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), config, device).unwrap();
+    let mut batches = loader(&train, 8, true);
+    let before = backend.transfer_stats();
+    let mut known = Vec::new();
+    let mut losses = Vec::new();
+    for step in 0..5 {
+        let s = trainer.train_step(&mut batches).unwrap();
+        assert_eq!(
+            s.times.is_some(),
+            step >= redline_train::TIMES_LAG,
+            "step {step}"
+        );
+        known.extend(s.times);
+        losses.push(s.loss.to_vec_async::<f32>().unwrap());
+    }
+    let after = backend.transfer_stats();
+    assert_eq!(after.synchronizations, before.synchronizations);
+    let rest = trainer.take_times().unwrap();
+    assert_eq!(rest.len(), redline_train::TIMES_LAG);
+    assert!(trainer.take_times().unwrap().is_empty());
+    known.extend(rest);
+    assert_eq!(known.len(), 5);
+    for t in &known {
+        assert!(t.device_clock, "{t:?}");
+        assert!(t.get(Phase::Forward) > std::time::Duration::ZERO, "{t:?}");
+        assert!(t.get(Phase::Backward) > std::time::Duration::ZERO, "{t:?}");
+    }
+    for loss in losses {
+        assert!(loss.wait().unwrap()[0].is_finite());
+    }
 }

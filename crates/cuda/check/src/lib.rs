@@ -436,6 +436,7 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
             .item()
             .map_err(|e| err(&e))?;
     }
+    trainer.take_times().map_err(|e| err(&e))?;
     // One steady-state step, counted: host copies and synchronisations beyond the batch upload
     // and the loss read-back are silent round trips.
     let before = backend.transfer_stats();
@@ -446,22 +447,25 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
         "uploads": after.uploads - before.uploads,
         "downloads": after.downloads - before.downloads,
         "synchronizations": after.synchronizations - before.synchronizations,
-        "note": "phases are timed by CUDA events read at the step's end; the loss is read back with item()",
+        "note": "phases are timed by CUDA events read two steps late; the loss is read back with item()",
     });
+    trainer.take_times().map_err(|e| err(&e))?;
     let started = Instant::now();
     let mut times = Vec::new();
-    while times.len() < options.steps && started.elapsed().as_secs_f64() < options.budget_seconds {
+    let mut steps = 0;
+    while steps < options.steps && started.elapsed().as_secs_f64() < options.budget_seconds {
         let step = trainer.train_step(&mut loader).map_err(|e| err(&e))?;
-        times.push(step.times);
-        if times.len() % 10 == 0 {
+        steps += 1;
+        times.extend(step.times);
+        if steps % 10 == 0 {
             eprintln!(
-                "gpu-check: {} step {} loss {:.3}",
+                "gpu-check: {} step {steps} loss {:.3}",
                 options.model,
-                times.len(),
                 step.loss.item().map_err(|e| err(&e))?
             );
         }
     }
+    times.extend(trainer.take_times().map_err(|e| err(&e))?);
     let _ = std::fs::remove_dir_all(&dir);
     if !loss.is_finite() {
         return Err(format!("the loss is {loss}"));

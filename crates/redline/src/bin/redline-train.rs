@@ -21,6 +21,7 @@ use redline::registry::{self, Kind};
 use redline_loader::{Config, Loader, Position};
 use redline_nn::{decay_groups, ResNet, ResNetConfig, Schedule, Sgd};
 use redline_shard::ShardSet;
+use redline_tensor::PendingVec;
 use redline_train::profile::{memory_json, stream_bandwidth, OpProfile, StepProfile};
 use redline_train::{progressive_res, Precision, Summary, TrainConfig, Trainer};
 use serde_json::json;
@@ -203,17 +204,22 @@ fn run() -> Res<()> {
         profile.reset();
         // After the epoch's first step (a new resolution's first step fills the cache).
         let mut memory_before = None;
-        for _ in first..per_epoch {
+        // Every tenth step's loss, read asynchronously when the next one is taken: no step
+        // waits for the device (phase times also arrive a few steps late).
+        let mut loss_in_flight: Option<PendingVec<f32>> = None;
+        for done in first..per_epoch {
             let step = trainer.train_step(&mut loader)?;
-            times.push(step.times);
-            if times.len() == 1 {
+            times.extend(step.times);
+            if done == first {
                 device.synchronize()?;
                 memory_before = device.memory_stats();
             }
             images += step.images;
             if trainer.steps() % 10 == 0 {
-                loss_sum += step.loss.item()?;
-                losses += 1;
+                if let Some(loss) = loss_in_flight.replace(step.loss.to_vec_async()?) {
+                    loss_sum += loss.wait()?.first().map_or(f64::NAN, |&l| f64::from(l));
+                    losses += 1;
+                }
                 eprint!(
                     "\r  epoch {epoch} step {:>5}/{total}  loss {:.3}  lr {:.4}  {:.1} img/s  ",
                     trainer.steps(),
@@ -223,6 +229,7 @@ fn run() -> Res<()> {
                 );
             }
         }
+        times.extend(trainer.take_times()?);
         eprintln!();
         let ops = StepProfile::new(&profile.rows(), times.len(), synchronous, false, false);
         let mut steps = Summary::new(&times, batch).to_json();
