@@ -41,6 +41,12 @@ const MUTATIONS: &[Mutation] = &[
         // partner leaves lane bit 4 out and pairs each lane with itself last.
         mutated: "v = op(v, __shfl_xor_sync(FULL_MASK, v, offset / 2));",
     },
+    Mutation {
+        name: "batch-norm shift of the wrong sign",
+        file: "norm.cu",
+        original: "coef[C + c] = (bias != nullptr ? bias[c] : (S)0) - mean * scale;",
+        mutated: "coef[C + c] = (bias != nullptr ? bias[c] : (S)0) + mean * scale;",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

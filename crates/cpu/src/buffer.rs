@@ -425,6 +425,16 @@ impl Data {
         build_data!(dtype, E => vec![E::from_f64(value); len])
     }
 
+    /// Element `i` as f64.
+    pub fn get_f64(&self, i: usize) -> f64 {
+        with_data!(self, v => v[i].to_f64())
+    }
+
+    /// `values` rounded to `dtype` (the per-channel ops' results: a few thousand elements).
+    pub fn from_f64s(dtype: DType, values: &[f64]) -> Data {
+        build_data!(dtype, E => values.iter().map(|&v| E::from_f64(v)).collect())
+    }
+
     /// Little-endian bytes of `dtype` as a storage.
     pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Data {
         build_data!(dtype, E => bytes.chunks_exact(dtype.size()).map(<E as Elem>::from_le).collect())

@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use redline_tensor::backend::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, Op, Pool2dParams, ReduceOp,
-    ScalerParams, SgdParams, Storage, UnaryOp, View,
+    AdamWParams, Backend, BatchNormCoefParams, BinaryOp, Conv2dParams, HostBytes, Op, Pool2dParams,
+    ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
 };
 use redline_tensor::{DType, Device, Layout, Result, TensorError};
 
@@ -114,6 +114,12 @@ impl CpuBackend {
 
     fn store(&self, data: Data) -> Storage {
         Storage::new(data.dtype(), data.len(), self.id, Buffer(RwLock::new(data)))
+    }
+
+    /// A (small) view's elements in logical order, as f64.
+    fn f64s(&self, x: View<'_>) -> Result<Vec<f64>> {
+        let data = self.buffer(x.storage)?.read();
+        Ok(x.layout.indices().map(|at| data.get_f64(at)).collect())
     }
 }
 
@@ -435,6 +441,59 @@ impl Backend for CpuBackend {
             gate,
             out,
         )))
+    }
+
+    // Batch norm's per-channel coefficients: C values, in f64 as the reference computes
+    // them (no threads or SIMD: a few thousand flops).
+    fn batch_norm_coef(
+        &self,
+        sums: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let sd = sums.dtype();
+        let s = self.f64s(sums)?;
+        let w = weight.map(|w| self.f64s(w)).transpose()?;
+        let b = bias.map(|b| self.f64s(b)).transpose()?;
+        let all = |st: &Storage| -> Result<Vec<f64>> {
+            let data = self.buffer(st)?.read();
+            Ok((0..data.len()).map(|i| data.get_f64(i)).collect())
+        };
+        let (coef, saved) = match running {
+            Some((mean, var)) => {
+                let (mut rm, mut rv) = (all(mean)?, all(var)?);
+                let out = p.host(&s, w.as_deref(), b.as_deref(), Some((&mut rm, &mut rv)));
+                *self.buffer(mean)?.write() = Data::from_f64s(mean.dtype(), &rm);
+                *self.buffer(var)?.write() = Data::from_f64s(var.dtype(), &rv);
+                out
+            }
+            None => p.host(&s, w.as_deref(), b.as_deref(), None),
+        };
+        Ok((
+            self.store(Data::from_f64s(sd, &coef)),
+            self.store(Data::from_f64s(sd, &saved)),
+        ))
+    }
+
+    fn batch_norm_grad_coef(
+        &self,
+        sums: View<'_>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let sd = sums.dtype();
+        let (s, kept) = (self.f64s(sums)?, self.f64s(saved)?);
+        let w = weight.map(|w| self.f64s(w)).transpose()?;
+        let (coef, dwdb) = BatchNormCoefParams::host_grad(count, &s, &kept, w.as_deref());
+        let (dw, db) = dwdb.split_at(s.len() / 2);
+        Ok((
+            self.store(Data::from_f64s(sd, &coef)),
+            self.store(Data::from_f64s(sd, dw)),
+            self.store(Data::from_f64s(sd, db)),
+        ))
     }
 
     fn sgd(

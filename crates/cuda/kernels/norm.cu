@@ -88,3 +88,54 @@ __global__ void batch_norm_apply(const T *__restrict__ x, Strided xs, const T *_
         out[position(os, i)] = Num<T>::store(v);
     }
 }
+
+/// Batch norm's forward coefficients, a thread per channel (C is at most a few thousand): from
+/// the sums [Σx; Σx²], coef = [rstd·w; b − mean·rstd·w; residual] and saved = [mean; rstd],
+/// and the running statistics updated in place (unbiased variance) — one launch for what the
+/// composition takes ~30. S: the statistics dtype. weight, bias and the running statistics may
+/// be null.
+template <class S>
+__global__ void batch_norm_coef(const S *__restrict__ sums, const S *__restrict__ weight,
+                                const S *__restrict__ bias, S *__restrict__ running_mean,
+                                S *__restrict__ running_var, S *__restrict__ coef, S *__restrict__ saved,
+                                double count, double eps, double momentum, i64 residual, i64 C) {
+    const S n = (S)count, m = (S)momentum;
+    for (i64 c = first_index(); c < C; c += grid_step()) {
+        const S mean = sums[c] / n;
+        S var = sums[C + c] / n - mean * mean;
+        var = var > (S)0 ? var : (S)0;
+        if (running_mean != nullptr) {
+            const S unbiased = n / ((n > (S)2 ? n : (S)2) - (S)1);
+            running_mean[c] = ((S)1 - m) * running_mean[c] + m * mean;
+            running_var[c] = ((S)1 - m) * running_var[c] + m * unbiased * var;
+        }
+        const S rstd = (S)1 / sqrt(var + (S)eps);
+        const S scale = weight != nullptr ? rstd * weight[c] : rstd;
+        coef[c] = scale;
+        coef[C + c] = (bias != nullptr ? bias[c] : (S)0) - mean * scale;
+        coef[2 * C + c] = residual ? (S)1 : (S)0;
+        saved[c] = mean;
+        saved[C + c] = rstd;
+    }
+}
+
+/// Batch norm's backward coefficients, a thread per channel: from the sums [Σg; Σx·g] and the
+/// forward's [mean; rstd], coef = [k0; k1; rw] for dx = rw·g + k0·x + k1, dw and db.
+template <class S>
+__global__ void batch_norm_grad_coef(const S *__restrict__ sums, const S *__restrict__ saved,
+                                     const S *__restrict__ weight, S *__restrict__ coef,
+                                     S *__restrict__ dw, S *__restrict__ db, double count, i64 C) {
+    const S n = (S)count;
+    for (i64 c = first_index(); c < C; c += grid_step()) {
+        const S mean = saved[c], rstd = saved[C + c];
+        const S sum_g = sums[c], sum_xg = sums[C + c];
+        const S centred = sum_xg - mean * sum_g;
+        const S rw = weight != nullptr ? rstd * weight[c] : rstd;
+        const S k0 = -(rw * rstd * rstd * centred) / n;
+        coef[c] = k0;
+        coef[C + c] = -(rw * sum_g) / n - mean * k0;
+        coef[2 * C + c] = rw;
+        dw[c] = rstd * centred;
+        db[c] = sum_g;
+    }
+}

@@ -114,6 +114,16 @@ pub fn batch_norm_stats(dtype: DType, with_y: bool, gate: bool) -> String {
     format!("batch_norm_stats<{}, {with_y}, {gate}>", ctype(dtype))
 }
 
+/// Batch norm's per-channel coefficients, forward or backward, in statistics dtype `stats`.
+pub fn batch_norm_coef(stats: DType, backward: bool) -> String {
+    let name = if backward {
+        "batch_norm_grad_coef"
+    } else {
+        "batch_norm_coef"
+    };
+    format!("{name}<{}>", ctype(stats))
+}
+
 pub fn batch_norm_apply(dtype: DType, with_y: bool, relu: bool, gate: bool) -> String {
     format!(
         "batch_norm_apply<{}, {with_y}, {relu}, {gate}>",
@@ -207,6 +217,9 @@ pub fn families() -> Vec<Family> {
                 norms.push(batch_norm_apply(d, with_y, relu, gate));
             }
         }
+    }
+    for stats in [DType::F32, DType::F64] {
+        norms.extend([false, true].map(|backward| batch_norm_coef(stats, backward)));
     }
     let pools: Vec<String> = floats
         .iter()

@@ -577,6 +577,46 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn batch_norm_coef(
+        &self,
+        sums: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &redline_tensor::BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let _range = nvtx::range("batch_norm_coef");
+        let (sd, c) = (sums.dtype(), sums.layout.shape()[1]);
+        let (coef, saved) = (self.alloc(sd, 3 * c)?, self.alloc(sd, 2 * c)?);
+        let start = |v: Option<View<'_>>| v.map(|v| self.start(v)).transpose();
+        let running = running
+            .map(|(m, v)| Ok::<_, TensorError>((self.buffer(m)?.ptr, self.buffer(v)?.ptr)))
+            .transpose()?;
+        let out = (self.buffer(&coef)?.ptr, self.buffer(&saved)?.ptr);
+        let (w, b) = (start(weight)?, start(bias)?);
+        ops::norm::coef(&*self.gpu, sd, c, self.start(sums)?, w, b, running, out, p)?;
+        Ok((coef, saved))
+    }
+
+    fn batch_norm_grad_coef(
+        &self,
+        sums: View<'_>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let _range = nvtx::range("batch_norm_grad_coef");
+        let (sd, c) = (sums.dtype(), sums.layout.shape()[1]);
+        let coef = self.alloc(sd, 3 * c)?;
+        let (dw, db) = (self.alloc(sd, c)?, self.alloc(sd, c)?);
+        let w = weight.map(|w| self.start(w)).transpose()?;
+        let ptr = |s: &Storage| self.buffer(s).map(|b| b.ptr);
+        let out = (ptr(&coef)?, ptr(&dw)?, ptr(&db)?);
+        let (s, kept) = (self.start(sums)?, self.start(saved)?);
+        ops::norm::grad_coef(&*self.gpu, sd, c, s, kept, w, out, count)?;
+        Ok((coef, dw, db))
+    }
+
     fn batch_norm_apply(
         &self,
         x: View<'_>,

@@ -22,6 +22,8 @@ pub fn supports(op: Op, dtype: DType) -> bool {
             | NnOp::NormalizeInput
             | NnOp::BatchNormStats
             | NnOp::BatchNormApply
+            | NnOp::BatchNormCoef
+            | NnOp::BatchNormGradCoef
             | NnOp::MaxPool2d
             | NnOp::MaxPool2dGrad
             | NnOp::AvgPool2d

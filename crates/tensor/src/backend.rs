@@ -341,6 +341,12 @@ op_enum!(
         /// Per-channel `a·x + b (+ d·y)`: batch norm's normalisation and its input gradient, in
         /// one pass.
         BatchNormApply => "batch_norm_apply",
+        /// Batch norm's per-channel forward coefficients from its statistics, and the running
+        /// statistics' update, in one launch.
+        BatchNormCoef => "batch_norm_coef",
+        /// Batch norm's per-channel input-gradient coefficients and its weight and bias
+        /// gradients from the backward's sums, in one launch.
+        BatchNormGradCoef => "batch_norm_grad_coef",
     }
 );
 
@@ -476,6 +482,86 @@ impl Default for ScalerParams {
             backoff_factor: 0.5,
             growth_interval: 2000,
         }
+    }
+}
+
+/// Batch norm's training-mode constants for [`Backend::batch_norm_coef`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchNormCoefParams {
+    /// Elements per channel (N·H·W).
+    pub count: f64,
+    pub eps: f64,
+    /// The running statistics' update weight (PyTorch's `momentum`).
+    pub momentum: f64,
+    /// Whether a residual is added: the third coefficient row is 1 (else 0).
+    pub residual: bool,
+}
+
+impl BatchNormCoefParams {
+    /// The forward coefficients on the host, in f64 (the reference kernel, shared by the host
+    /// backends): from `sums` `[Σx; Σx²]` (`2·C`), the optional weight and bias (`C`) and the
+    /// running mean and variance (updated in place), returns `coef` `[scale; shift; r]` and
+    /// `saved` `[mean; rstd]`. The composition in `Tensor::batch_norm` computes the same:
+    /// mean = Σx/n, var = max(Σx²/n − mean², 0), rstd = 1/√(var + eps), scale = rstd·w,
+    /// shift = b − mean·scale; the running variance is updated with the unbiased variance.
+    pub fn host(
+        &self,
+        sums: &[f64],
+        weight: Option<&[f64]>,
+        bias: Option<&[f64]>,
+        running: Option<(&mut [f64], &mut [f64])>,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let c = sums.len() / 2;
+        let n = self.count;
+        let mean: Vec<f64> = sums[..c].iter().map(|s| s / n).collect();
+        let var: Vec<f64> = (0..c)
+            .map(|k| (sums[c + k] / n - mean[k] * mean[k]).max(0.0))
+            .collect();
+        if let Some((rm, rv)) = running {
+            let unbiased = n / (n.max(2.0) - 1.0);
+            let m = self.momentum;
+            for k in 0..c {
+                rm[k] = (1.0 - m) * rm[k] + m * mean[k];
+                rv[k] = (1.0 - m) * rv[k] + m * unbiased * var[k];
+            }
+        }
+        let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + self.eps).sqrt()).collect();
+        let mut coef = vec![0.0; 3 * c];
+        for k in 0..c {
+            let scale = rstd[k] * weight.map_or(1.0, |w| w[k]);
+            coef[k] = scale;
+            coef[c + k] = bias.map_or(0.0, |b| b[k]) - mean[k] * scale;
+            coef[2 * c + k] = if self.residual { 1.0 } else { 0.0 };
+        }
+        (coef, [mean, rstd].concat())
+    }
+
+    /// The backward coefficients on the host, in f64: from `sums` `[Σg; Σx·g]` (`2·C`), the
+    /// forward's `saved` `[mean; rstd]` and the optional weight, returns `coef` `[k0; k1; rw]`
+    /// (dx = rw·g + k0·x + k1) and `[dw; db]` (`2·C`): with Σ(x−mean)g = Σxg − mean·Σg, rw = rstd·w,
+    /// k0 = −rw·rstd²·Σ(x−mean)g/n, k1 = −rw·Σg/n − mean·k0, dw = rstd·Σ(x−mean)g, db = Σg.
+    pub fn host_grad(
+        count: f64,
+        sums: &[f64],
+        saved: &[f64],
+        weight: Option<&[f64]>,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let c = sums.len() / 2;
+        let mut coef = vec![0.0; 3 * c];
+        let mut dwdb = vec![0.0; 2 * c];
+        for k in 0..c {
+            let (mean, rstd) = (saved[k], saved[c + k]);
+            let (sum_g, sum_xg) = (sums[k], sums[c + k]);
+            let centred = sum_xg - mean * sum_g;
+            let rw = rstd * weight.map_or(1.0, |w| w[k]);
+            let k0 = -(rw * rstd * rstd * centred) / count;
+            coef[k] = k0;
+            coef[c + k] = -(rw * sum_g) / count - mean * k0;
+            coef[2 * c + k] = rw;
+            dwdb[k] = rstd * centred;
+            dwdb[c + k] = sum_g;
+        }
+        (coef, dwdb)
     }
 }
 
@@ -704,6 +790,47 @@ pub trait Backend: Send + Sync + fmt::Debug {
         gate: Option<View<'_>>,
         out: &Layout,
     ) -> Result<Storage>;
+
+    /// Batch norm's forward coefficients (training): from `sums` (`[2, C]` of
+    /// [`batch_norm_stats`](Self::batch_norm_stats)), the optional weight and bias (`[C]`) and
+    /// running mean and variance (`[C]`, updated in place), a `[3, C]` `coef` for
+    /// [`batch_norm_apply`](Self::batch_norm_apply) and a `[2, C]` `[mean; rstd]` for the
+    /// backward — every operand contiguous and of the sums' dtype; the math is
+    /// [`BatchNormCoefParams::host`]. One launch where the composition takes ~30. Declared for
+    /// the activations' dtype; the default refuses.
+    fn batch_norm_coef(
+        &self,
+        sums: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let _ = (sums, weight, bias, running, p);
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "batch_norm_coef is not implemented".into(),
+        })
+    }
+
+    /// Batch norm's backward coefficients: from `sums` (`[2, C]` `[Σg; Σx·g]`), the forward's
+    /// `saved` `[mean; rstd]` and the optional weight, a `[3, C]` `coef` for the input
+    /// gradient's [`batch_norm_apply`](Self::batch_norm_apply), `dw` and `db` (`[C]` each,
+    /// apart: they are gradients of their own) — contiguous, of the sums' dtype; the math is
+    /// [`BatchNormCoefParams::host_grad`].
+    fn batch_norm_grad_coef(
+        &self,
+        sums: View<'_>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let _ = (sums, saved, weight, count);
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "batch_norm_grad_coef is not implemented".into(),
+        })
+    }
 
     // --- optimizer and mixed-precision ops (in place) ------------------------------------
 

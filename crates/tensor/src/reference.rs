@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::RwLock;
 
 use crate::backend::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, NnOp, Op, OtherOp, Pool2dParams,
-    ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
+    AdamWParams, Backend, BatchNormCoefParams, BinaryOp, Conv2dParams, HostBytes, NnOp, Op,
+    OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
 };
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
@@ -416,6 +416,46 @@ impl Backend for Reference {
                 v
             }
         }))
+    }
+
+    fn batch_norm_coef(
+        &self,
+        sums: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let sd = sums.dtype();
+        let s = self.gather(sums)?;
+        let w = weight.map(|w| self.gather(w)).transpose()?;
+        let b = bias.map(|b| self.gather(b)).transpose()?;
+        let (coef, saved) = match running {
+            Some((mean, var)) => {
+                let (mut rm, mut rv) = (self.values(mean)?.clone(), self.values(var)?.clone());
+                let out = p.host(&s, w.as_deref(), b.as_deref(), Some((&mut rm, &mut rv)));
+                self.update(mean, |v| v.copy_from_slice(&rm))?;
+                self.update(var, |v| v.copy_from_slice(&rv))?;
+                out
+            }
+            None => p.host(&s, w.as_deref(), b.as_deref(), None),
+        };
+        Ok((self.store(sd, coef), self.store(sd, saved)))
+    }
+
+    fn batch_norm_grad_coef(
+        &self,
+        sums: View<'_>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let sd = sums.dtype();
+        let (s, kept) = (self.gather(sums)?, self.gather(saved)?);
+        let w = weight.map(|w| self.gather(w)).transpose()?;
+        let (coef, mut dw) = BatchNormCoefParams::host_grad(count, &s, &kept, w.as_deref());
+        let db = dw.split_off(s.len() / 2);
+        Ok((self.store(sd, coef), self.store(sd, dw), self.store(sd, db)))
     }
 
     fn sgd(

@@ -2,8 +2,8 @@
 //! suite must catch it — proof that the suite can fail.
 
 use redline_tensor::backend::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, HostBytes, Op, Pool2dParams, ReduceOp,
-    ScalerParams, SgdParams, Storage, UnaryOp, View,
+    AdamWParams, Backend, BatchNormCoefParams, BinaryOp, Conv2dParams, HostBytes, Op, Pool2dParams,
+    ReduceOp, ScalerParams, SgdParams, Storage, UnaryOp, View,
 };
 use redline_tensor::reference::Reference;
 use redline_tensor::{DType, Layout, Result};
@@ -31,6 +31,8 @@ pub struct Broken {
     inner: Reference,
     fault: Fault,
     undeclared: Vec<DType>,
+    /// Ops not declared for any dtype.
+    hidden: Vec<Op>,
     /// Binary ops run (the allocations [`Fault::AllocatesEveryOp`] reports).
     binaries: std::sync::atomic::AtomicU64,
 }
@@ -41,8 +43,16 @@ impl Broken {
             inner: Reference::new(),
             fault,
             undeclared: Vec::new(),
+            hidden: Vec::new(),
             binaries: Default::default(),
         }
+    }
+
+    /// Stops declaring `op` (as a backend without that kernel would: the front end composes
+    /// it from other ops where it can).
+    pub fn hiding(mut self, op: Op) -> Self {
+        self.hidden.push(op);
+        self
     }
 
     /// Stops declaring every op for `dtype` (as a backend without, say, f64 would).
@@ -60,7 +70,9 @@ impl Backend for Broken {
         self.inner.id()
     }
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        !self.undeclared.contains(&dtype) && self.inner.supports(op, dtype)
+        !self.undeclared.contains(&dtype)
+            && !self.hidden.contains(&op)
+            && self.inner.supports(op, dtype)
     }
     fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<Storage> {
         self.inner.fill(dtype, len, value)
@@ -240,6 +252,25 @@ impl Backend for Broken {
         out: &Layout,
     ) -> Result<Storage> {
         self.inner.batch_norm_apply(x, y, coef, relu, gate, out)
+    }
+    fn batch_norm_coef(
+        &self,
+        sums: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        self.inner.batch_norm_coef(sums, weight, bias, running, p)
+    }
+    fn batch_norm_grad_coef(
+        &self,
+        sums: View<'_>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        self.inner.batch_norm_grad_coef(sums, saved, weight, count)
     }
     fn sgd(
         &self,

@@ -2,8 +2,9 @@
 //! so the backend under test and the reference see identical inputs.
 
 use redline_tensor::{
-    optim, AdamWParams, BinaryOp, Conv2dParams, DType, Device, NnOp, Op, OptimOp, OtherOp,
-    Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Tensor, TensorError, UnaryOp,
+    optim, AdamWParams, BatchNormCoefParams, BinaryOp, Conv2dParams, DType, Device, NnOp, Op,
+    OptimOp, OtherOp, Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Tensor, TensorError,
+    UnaryOp,
 };
 
 /// How an input tensor is laid out in memory.
@@ -82,7 +83,14 @@ pub struct Case {
     pub relu: bool,
     /// Batch-norm stats or apply whose last input is a `[2, C]` gate on the second operand.
     pub gate: bool,
+    /// The batch-norm coefficient ops' optional operands: bit 0 weight, 1 bias, 2 running
+    /// statistics, 3 a residual (forward); bit 0 weight (backward). The inputs are always all
+    /// there; the op is given those the bits name.
+    pub operands: u8,
 }
+
+/// Elements per channel the batch-norm coefficient cases assume.
+const COEF_COUNT: f64 = 6.0;
 
 impl Case {
     /// A case without convolution or pooling geometry.
@@ -96,6 +104,7 @@ impl Case {
             pool: None,
             relu: false,
             gate: false,
+            operands: 0,
         }
     }
 
@@ -232,6 +241,35 @@ impl Case {
                     _ => return Err(TensorError::Shape("batch_norm_apply case".into())),
                 };
                 x[0].batch_norm_apply(y, coef, self.relu, gate)
+            }
+            NnOp::BatchNormCoef => {
+                // x: sums, weight, bias, running mean, running variance (updated: copies).
+                let has = |bit: u8| self.operands & (1 << bit) != 0;
+                let (mean, var) = (x[3].contiguous_copy()?, x[4].contiguous_copy()?);
+                let p = BatchNormCoefParams {
+                    count: COEF_COUNT,
+                    eps: 1e-5,
+                    momentum: 0.1,
+                    residual: has(3),
+                };
+                let (coef, saved) = Tensor::batch_norm_coef(
+                    &x[0],
+                    self.dtype,
+                    has(0).then_some(&x[1]),
+                    has(1).then_some(&x[2]),
+                    has(2).then_some((&mean, &var)),
+                    &p,
+                )?;
+                let parts = [coef, saved, mean, var].map(|t| t.flatten());
+                let parts = parts.into_iter().collect::<Result<Vec<_>>>()?;
+                Tensor::concat(&parts.iter().collect::<Vec<_>>(), 0)
+            }
+            NnOp::BatchNormGradCoef => {
+                // x: sums, saved [mean; rstd], weight.
+                let weight = (self.operands & 1 != 0).then_some(&x[2]);
+                let (coef, dw, db) =
+                    Tensor::batch_norm_grad_coef(&x[0], self.dtype, &x[1], weight, COEF_COUNT)?;
+                Tensor::concat(&[&coef.flatten()?, &dw, &db], 0)
             }
             NnOp::NormalizeInput => Tensor::normalize_input(
                 &x[0],

@@ -419,6 +419,40 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                 }
             })
             .boxed(),
+        // Sums [2, C] (any sign: a negative variance is clamped to 0), then [C] weight, bias,
+        // running mean and (positive) running variance, each used or not.
+        NnOp::BatchNormCoef => (1usize..=5, 0u8..16)
+            .prop_flat_map(move |(c, operands)| {
+                let sd = stats_dtype(dtype);
+                let channel = move |domain, salt| input(vec![c], sd, domain, salt);
+                (
+                    input(vec![2, c], sd, Domain::Any, 0),
+                    (channel(Domain::Any, 1), channel(Domain::Any, 2)),
+                    (channel(Domain::Any, 3), channel(Domain::Positive, 4)),
+                    Just(operands),
+                )
+            })
+            .prop_map(move |(sums, (w, b), (m, v), operands)| Case {
+                operands,
+                ..make(vec![sums, w, b, m, v], vec![])
+            })
+            .boxed(),
+        // Sums [2, C] [Σg; Σx·g], the forward's [mean; rstd] (rstd > 0), a weight or not.
+        NnOp::BatchNormGradCoef => (1usize..=5, 0u8..2)
+            .prop_flat_map(move |(c, operands)| {
+                let sd = stats_dtype(dtype);
+                (
+                    input(vec![2, c], sd, Domain::Any, 0),
+                    input(vec![2, c], sd, Domain::Positive, 1),
+                    input(vec![c], sd, Domain::Any, 2),
+                    Just(operands),
+                )
+            })
+            .prop_map(move |(sums, saved, w, operands)| Case {
+                operands,
+                ..make(vec![sums, saved, w], vec![])
+            })
+            .boxed(),
         NnOp::NormalizeInput => (1usize..=2, 1usize..=4, 1usize..=4)
             .prop_flat_map(move |(n, h, w)| input(vec![n, h, w, 3], DType::U8, Domain::Byte, 0))
             .prop_map(move |x| make(vec![x], vec![]))

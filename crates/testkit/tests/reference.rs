@@ -136,3 +136,76 @@ fn the_reference_refuses_max_pool_positions_outside_their_plane() {
         &redline_tensor::Device::reference(),
     );
 }
+
+#[test]
+fn batch_norm_through_the_coefficient_ops_equals_its_composition() {
+    use redline_tensor::{NnOp, RunningStats, Tensor};
+    let fused = Device::reference();
+    let composed = Device::new(Arc::new(
+        Broken::new(Fault::None)
+            .hiding(Op::Nn(NnOp::BatchNormCoef))
+            .hiding(Op::Nn(NnOp::BatchNormGradCoef)),
+    ));
+    // The values, running statistics and gradients of relu(bn(x) (+ r)) on a device.
+    let run = |device: &Device, residual: bool| -> Vec<Vec<f64>> {
+        let ramp = |n: usize, k: usize| -> Vec<f64> {
+            (0..n).map(|i| ((i * k) % 17) as f64 / 8.0 - 1.0).collect()
+        };
+        let leaf = |v: Vec<f64>, shape: &[usize]| {
+            Tensor::from_slice(&v, shape, device)
+                .unwrap()
+                .with_requires_grad(true)
+        };
+        let x = leaf(ramp(2 * 3 * 4 * 4, 7), &[2, 3, 4, 4]);
+        let r = leaf(ramp(2 * 3 * 4 * 4, 5), &[2, 3, 4, 4]);
+        let (w, b) = (
+            leaf(vec![0.5, 1.5, -1.0], &[3]),
+            leaf(vec![0.1, -0.2, 0.3], &[3]),
+        );
+        let mean = Tensor::from_slice(&[0.1, 0.2, 0.3], &[3], device).unwrap();
+        let var = Tensor::from_slice(&[1.0, 2.0, 0.5], &[3], device).unwrap();
+        let stats = RunningStats {
+            mean: &mean,
+            var: &var,
+            momentum: 0.1,
+        };
+        let y = x
+            .batch_norm_relu(
+                Some(&w),
+                Some(&b),
+                Some(stats),
+                true,
+                1e-5,
+                residual.then_some(&r),
+            )
+            .unwrap();
+        let weights = Tensor::from_slice(&ramp(y.numel(), 3), y.shape(), device).unwrap();
+        y.mul(&weights)
+            .unwrap()
+            .sum(&[], false)
+            .unwrap()
+            .backward()
+            .unwrap();
+        let mut out = vec![y.to_f64_vec().unwrap(), mean.to_f64_vec().unwrap()];
+        out.push(var.to_f64_vec().unwrap());
+        for t in [&x, &w, &b] {
+            out.push(t.grad().unwrap().to_f64_vec().unwrap());
+        }
+        if residual {
+            out.push(r.grad().unwrap().to_f64_vec().unwrap());
+        }
+        out
+    };
+    for residual in [false, true] {
+        let (a, b) = (run(&fused, residual), run(&composed, residual));
+        assert_eq!(a.len(), b.len());
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-12 * (1.0 + y.abs()),
+                    "output {i}: {x} vs {y}"
+                );
+            }
+        }
+    }
+}

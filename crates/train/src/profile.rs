@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redline_tensor::backend::*;
-use redline_tensor::{DType, Device, Layout, Result};
+use redline_tensor::{BatchNormCoefParams, DType, Device, Layout, Result};
 use serde_json::{json, Value};
 
 /// Ops between two readings of the profile's device timestamps: two stamps an op, well inside
@@ -762,6 +762,27 @@ impl Backend for OpProfile {
             + out_size(out, x.dtype());
         let f = |b: &dyn Backend| b.batch_norm_apply(x, y, coef, relu, gate, out);
         self.timed(Elementwise, label, bytes, f)
+    }
+    fn batch_norm_coef(
+        &self,
+        sums: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let f = |b: &dyn Backend| b.batch_norm_coef(sums, weight, bias, running, p);
+        self.timed(Reduction, || "batch_norm_coef".into(), 0, f)
+    }
+    fn batch_norm_grad_coef(
+        &self,
+        sums: View<'_>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let f = |b: &dyn Backend| b.batch_norm_grad_coef(sums, saved, weight, count);
+        self.timed(Reduction, || "batch_norm_grad_coef".into(), 0, f)
     }
     fn sgd(
         &self,

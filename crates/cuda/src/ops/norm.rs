@@ -86,3 +86,67 @@ pub fn apply(
     let kernel = kernels::batch_norm_apply(x.dtype, y.is_some(), relu, gate.is_some());
     gpu.launch(&kernel, linear_shape(total), &args)
 }
+
+/// Batch norm's forward coefficients (a thread per channel): `coef` `[3, C]` and `saved`
+/// `[2, C]` from `sums`, the running statistics updated in place; absent operands are null.
+#[allow(clippy::too_many_arguments)]
+pub fn coef(
+    gpu: &dyn Gpu,
+    stats: redline_tensor::DType,
+    c: usize,
+    sums: DevicePtr,
+    weight: Option<DevicePtr>,
+    bias: Option<DevicePtr>,
+    running: Option<(DevicePtr, DevicePtr)>,
+    out: (DevicePtr, DevicePtr),
+    p: &redline_tensor::BatchNormCoefParams,
+) -> Result<()> {
+    if c == 0 {
+        return Ok(());
+    }
+    let null = DevicePtr(0);
+    let (mean, var) = running.unwrap_or((null, null));
+    let args = KernelArgs::new()
+        .ptr(sums)
+        .ptr(weight.unwrap_or(null))
+        .ptr(bias.unwrap_or(null))
+        .ptr(mean)
+        .ptr(var)
+        .ptr(out.0)
+        .ptr(out.1)
+        .f64(p.count)
+        .f64(p.eps)
+        .f64(p.momentum)
+        .i64(i64::from(p.residual))
+        .i64(c as i64);
+    let kernel = kernels::batch_norm_coef(stats, false);
+    gpu.launch(&kernel, linear_shape(c), &args)
+}
+
+/// Batch norm's backward coefficients (a thread per channel): `coef` `[3, C]`, `dw`, `db`.
+#[allow(clippy::too_many_arguments)]
+pub fn grad_coef(
+    gpu: &dyn Gpu,
+    stats: redline_tensor::DType,
+    c: usize,
+    sums: DevicePtr,
+    saved: DevicePtr,
+    weight: Option<DevicePtr>,
+    out: (DevicePtr, DevicePtr, DevicePtr),
+    count: f64,
+) -> Result<()> {
+    if c == 0 {
+        return Ok(());
+    }
+    let args = KernelArgs::new()
+        .ptr(sums)
+        .ptr(saved)
+        .ptr(weight.unwrap_or(DevicePtr(0)))
+        .ptr(out.0)
+        .ptr(out.1)
+        .ptr(out.2)
+        .f64(count)
+        .i64(c as i64);
+    let kernel = kernels::batch_norm_coef(stats, true);
+    gpu.launch(&kernel, linear_shape(c), &args)
+}

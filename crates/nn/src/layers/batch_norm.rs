@@ -14,10 +14,13 @@ pub struct BatchNorm2d {
     pub bias: Tensor,
     pub running_mean: Tensor,
     pub running_var: Tensor,
-    /// i64, 0-d: training batches seen (written from `batches`, since not every device does
-    /// integer arithmetic: a fill is enough).
+    /// i64, 0-d: training batches seen. Counted on the host (`batches`) and written only when
+    /// the state is read (a state dict, a checkpoint): the step itself launches nothing for it
+    /// — it was a fill and a copy per norm per step, 106 of a ResNet-50 step's launches.
     pub num_batches_tracked: Tensor,
     batches: AtomicI64,
+    /// The count `num_batches_tracked` holds (-1: unknown).
+    written: AtomicI64,
     pub momentum: f64,
     pub eps: f64,
     training: AtomicBool,
@@ -34,6 +37,7 @@ impl BatchNorm2d {
             running_var: init.buffer(&[channels], 1.0, DType::F32)?,
             num_batches_tracked: init.buffer(&[], 0.0, DType::I64)?,
             batches: AtomicI64::new(0),
+            written: AtomicI64::new(0),
             momentum: 0.1,
             eps: 1e-5,
             training: AtomicBool::new(true),
@@ -61,11 +65,24 @@ impl BatchNorm2d {
     fn count_batch(&self) -> Result<bool> {
         let training = self.training.load(Ordering::Relaxed);
         if training {
-            let count = self.batches.fetch_add(1, Ordering::Relaxed) + 1;
-            let t = &self.num_batches_tracked;
-            no_grad(|| t.assign(&Tensor::full(count as f64, &[], DType::I64, t.device())?))?;
+            self.batches.fetch_add(1, Ordering::Relaxed);
         }
         Ok(training)
+    }
+
+    /// Writes the host's count into `num_batches_tracked` if it holds another (a fill: not
+    /// every device does integer arithmetic). A failed write leaves it marked stale; the
+    /// device error resurfaces at the read that follows.
+    fn write_count(&self) {
+        let count = self.batches.load(Ordering::Relaxed);
+        if self.written.swap(count, Ordering::Relaxed) == count {
+            return;
+        }
+        let t = &self.num_batches_tracked;
+        let wrote = no_grad(|| t.assign(&Tensor::full(count as f64, &[], DType::I64, t.device())?));
+        if wrote.is_err() {
+            self.written.store(-1, Ordering::Relaxed);
+        }
     }
 
     fn running(&self) -> RunningStats<'_> {
@@ -91,6 +108,8 @@ impl Module for BatchNorm2d {
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, Kind)) {
+        // Whoever visits reads (or loads) the state: the counter must be current.
+        self.write_count();
         f(&join(prefix, "weight"), &self.weight, Kind::Parameter);
         f(&join(prefix, "bias"), &self.bias, Kind::Parameter);
         f(
@@ -117,6 +136,7 @@ impl Module for BatchNorm2d {
     fn state_loaded(&self) -> Result<()> {
         let count = self.num_batches_tracked.item()? as i64;
         self.batches.store(count, Ordering::Relaxed);
+        self.written.store(count, Ordering::Relaxed);
         Ok(())
     }
 

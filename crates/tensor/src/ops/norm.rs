@@ -2,7 +2,7 @@
 //! them, forward and backward, from its primitives; fused kernels can replace them later).
 
 use crate::autograd::no_grad;
-use crate::backend::{stats_dtype, BinaryOp, NnOp, Op};
+use crate::backend::{stats_dtype, BatchNormCoefParams, BinaryOp, NnOp, Op};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -130,6 +130,14 @@ impl Tensor {
         }
     }
 
+    /// Whether this backend computes batch norm's per-channel coefficients in one launch each
+    /// way for this dtype.
+    fn coef_ops(&self) -> bool {
+        [NnOp::BatchNormCoef, NnOp::BatchNormGradCoef]
+            .iter()
+            .all(|&op| self.device().backend().supports(Op::Nn(op), self.dtype()))
+    }
+
     /// Whether this backend has the two fused batch-norm ops for this dtype.
     fn fused_batch_norm(&self) -> bool {
         [NnOp::BatchNormStats, NnOp::BatchNormApply]
@@ -174,6 +182,118 @@ impl Tensor {
             &out,
         )?;
         Ok(Tensor::from_storage(storage, out, self.device().clone()))
+    }
+
+    /// Batch norm's forward coefficients for activations of `dtype`
+    /// ([`crate::Backend::batch_norm_coef`]): `(coef [3, C], saved [2, C] = [mean; rstd])` from
+    /// `sums` ([`Tensor::batch_norm_stats`]), updating `running` (`(mean, var)`) in place. Every
+    /// operand is `[C]` (`sums` `[2, C]`) of [`stats_dtype`]`(dtype)`. No gradient.
+    pub fn batch_norm_coef(
+        sums: &Tensor,
+        dtype: DType,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        running: Option<(&Tensor, &Tensor)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Tensor, Tensor)> {
+        let c = Self::check_coef_operands("batch_norm_coef", sums, dtype, &[weight, bias])?;
+        if let Some((m, v)) = running {
+            Self::check_coef_operands("batch_norm_coef", sums, dtype, &[Some(m), Some(v)])?;
+            let whole = |t: &Tensor| {
+                t.layout().is_contiguous() && t.layout().offset() == 0 && t.storage().len() == c
+            };
+            if !whole(m) || !whole(v) {
+                return Err(TensorError::shape(
+                    "batch_norm_coef: running statistics are updated in place: each must be a \
+                     whole contiguous tensor of its own",
+                ));
+            }
+        }
+        sums.device().check(Op::Nn(NnOp::BatchNormCoef), dtype)?;
+        let dense = |t: Option<&Tensor>| t.map(Tensor::contiguous).transpose();
+        let (sums, weight, bias) = (sums.contiguous()?, dense(weight)?, dense(bias)?);
+        let (coef, saved) = sums.backend().batch_norm_coef(
+            sums.view(),
+            weight.as_ref().map(Tensor::view),
+            bias.as_ref().map(Tensor::view),
+            running.map(|(m, v)| (&**m.storage(), &**v.storage())),
+            p,
+        )?;
+        let device = sums.device().clone();
+        Ok((
+            Tensor::from_storage(coef, Layout::contiguous(&[3, c]), device.clone()),
+            Tensor::from_storage(saved, Layout::contiguous(&[2, c]), device),
+        ))
+    }
+
+    /// Batch norm's backward coefficients for activations of `dtype`
+    /// ([`crate::Backend::batch_norm_grad_coef`]): `(coef [3, C], dw [C], db [C])` from `sums`
+    /// `[Σg; Σx·g]`, the forward's `saved` and the optional `weight`, over `count` elements a
+    /// channel. No gradient.
+    pub fn batch_norm_grad_coef(
+        sums: &Tensor,
+        dtype: DType,
+        saved: &Tensor,
+        weight: Option<&Tensor>,
+        count: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let c = Self::check_coef_operands("batch_norm_grad_coef", sums, dtype, &[weight])?;
+        if saved.shape() != [2, c] || saved.dtype() != sums.dtype() {
+            return Err(TensorError::shape(format!(
+                "batch_norm_grad_coef: saved statistics {} {:?} for sums {} [2, {c}]",
+                saved.dtype(),
+                saved.shape(),
+                sums.dtype()
+            )));
+        }
+        sums.same_device(saved, "batch_norm_grad_coef")?;
+        sums.device()
+            .check(Op::Nn(NnOp::BatchNormGradCoef), dtype)?;
+        let (sums, saved) = (sums.contiguous()?, saved.contiguous()?);
+        let weight = weight.map(Tensor::contiguous).transpose()?;
+        let (coef, dw, db) = sums.backend().batch_norm_grad_coef(
+            sums.view(),
+            saved.view(),
+            weight.as_ref().map(Tensor::view),
+            count,
+        )?;
+        let device = sums.device().clone();
+        let channel = |s| Tensor::from_storage(s, Layout::contiguous(&[c]), device.clone());
+        Ok((
+            Tensor::from_storage(coef, Layout::contiguous(&[3, c]), device.clone()),
+            channel(dw),
+            channel(db),
+        ))
+    }
+
+    /// Checks a coefficient op's `sums` (`[2, C]` of the stats dtype of `dtype`) and its
+    /// per-channel operands (`[C]` of that dtype, on its device); returns C.
+    fn check_coef_operands(
+        op: &str,
+        sums: &Tensor,
+        dtype: DType,
+        per_channel: &[Option<&Tensor>],
+    ) -> Result<usize> {
+        let sd = stats_dtype(dtype);
+        let c = sums.shape().get(1).copied().unwrap_or(0);
+        if sums.shape() != [2, c] || sums.dtype() != sd || !dtype.is_float() {
+            return Err(TensorError::shape(format!(
+                "{op}: sums {} {:?} for {dtype} activations (need {sd} [2, C])",
+                sums.dtype(),
+                sums.shape()
+            )));
+        }
+        for t in per_channel.iter().flatten() {
+            sums.same_device(t, op)?;
+            if t.shape() != [c] || t.dtype() != sd {
+                return Err(TensorError::shape(format!(
+                    "{op}: a per-channel operand {} {:?} (need {sd} [{c}])",
+                    t.dtype(),
+                    t.shape()
+                )));
+            }
+        }
+        Ok(c)
     }
 
     /// A gate for `op`: only beside `y`, `[2, C]` of the stats dtype on x's device; made
@@ -244,8 +364,33 @@ impl Tensor {
         let sd = stats_dtype(self.dtype());
         let x = self.detach();
         let row = move |t: &Tensor, i: usize| t.narrow(0, i, 1)?.reshape(&[c]);
-        let (mean, rstd, scale, shift, w) = no_grad(|| -> Result<_> {
+        let w = weight.map(|w| w.detach().cast(sd)).transpose()?;
+        let b = bias.map(|b| b.detach().cast(sd)).transpose()?;
+        // One launch for the per-channel math where the backend has it (and the running
+        // statistics are of the stats dtype, as they are in a network): ~30 otherwise.
+        let coef_op = self.coef_ops()
+            && running
+                .as_ref()
+                .is_none_or(|r| r.mean.dtype() == sd && r.var.dtype() == sd);
+        let (coef, saved) = no_grad(|| -> Result<_> {
             let sums = x.batch_norm_stats(None, None)?;
+            if coef_op {
+                let p = BatchNormCoefParams {
+                    count: n,
+                    eps,
+                    momentum: running.as_ref().map_or(0.0, |r| r.momentum),
+                    residual: residual.is_some(),
+                };
+                let stats = running.as_ref().map(|r| (r.mean, r.var));
+                return Tensor::batch_norm_coef(
+                    &sums,
+                    x.dtype(),
+                    w.as_ref(),
+                    b.as_ref(),
+                    stats,
+                    &p,
+                );
+            }
             let mean = row(&sums, 0)?.mul_scalar(1.0 / n)?;
             let var = row(&sums, 1)?
                 .mul_scalar(1.0 / n)?
@@ -264,19 +409,18 @@ impl Tensor {
                 update(r.var, &var, unbiased)?;
             }
             let rstd = var.add_scalar(eps)?.rsqrt()?;
-            let w = weight.map(|w| w.detach().cast(sd)).transpose()?;
             let scale = match &w {
                 Some(w) => rstd.mul(&w.reshape(&[c])?)?,
                 None => rstd.clone(),
             };
             let mut shift = mean.mul(&scale)?.neg()?;
-            if let Some(b) = bias {
-                shift = shift.add(&b.detach().cast(sd)?.reshape(&[c])?)?;
+            if let Some(b) = &b {
+                shift = shift.add(&b.reshape(&[c])?)?;
             }
-            Ok((mean, rstd, scale, shift, w))
+            let residual_scale = scale.scalar_like(if residual.is_some() { 1.0 } else { 0.0 })?;
+            let coef = Tensor::stack(&[&scale, &shift, &residual_scale.broadcast_to(&[c])?], 0)?;
+            Ok((coef, Tensor::stack(&[&mean, &rstd], 0)?))
         })?;
-        let residual_scale = scale.scalar_like(if residual.is_some() { 1.0 } else { 0.0 })?;
-        let coef = Tensor::stack(&[&scale, &shift, &residual_scale.broadcast_to(&[c])?], 0)?;
         let r = residual.map(Tensor::detach);
         let y = x.batch_norm_apply(r.as_ref(), &coef, relu, None)?;
         let mut inputs = vec![self];
@@ -306,30 +450,35 @@ impl Tensor {
             let g = masked.as_ref().or(relaid.as_ref()).unwrap_or(g);
             let gate = gate.as_ref();
             let sums = x.batch_norm_stats(Some(g), gate)?;
-            let (sum_g, sum_xg) = (row(&sums, 0)?, row(&sums, 1)?);
-            // Σ (x - mean)·g, and the input gradient's per-channel coefficients:
-            // dx = rstd·w·g + k0·x + k1 with k0 = -rstd³·w·Σ(x-mean)g / n,
-            // k1 = -rstd·w·Σg / n - mean·k0.
-            let centred = sum_xg.sub(&mean.mul(&sum_g)?)?;
-            let rw = match &w {
-                Some(w) => rstd.mul(&w.reshape(&[c])?)?,
-                None => rstd.clone(),
+            let (coef, dw, db) = if coef_op {
+                Tensor::batch_norm_grad_coef(&sums, x.dtype(), &saved, w.as_ref(), n)?
+            } else {
+                let (mean, rstd) = (row(&saved, 0)?, row(&saved, 1)?);
+                let (sum_g, sum_xg) = (row(&sums, 0)?, row(&sums, 1)?);
+                // Σ (x - mean)·g, and the input gradient's per-channel coefficients:
+                // dx = rstd·w·g + k0·x + k1 with k0 = -rstd³·w·Σ(x-mean)g / n,
+                // k1 = -rstd·w·Σg / n - mean·k0.
+                let centred = sum_xg.sub(&mean.mul(&sum_g)?)?;
+                let rw = match &w {
+                    Some(w) => rstd.mul(&w.reshape(&[c])?)?,
+                    None => rstd.clone(),
+                };
+                let k0 = rw
+                    .mul(&rstd)?
+                    .mul(&rstd)?
+                    .mul(&centred)?
+                    .mul_scalar(-1.0 / n)?;
+                let k1 = rw.mul(&sum_g)?.mul_scalar(-1.0 / n)?.sub(&mean.mul(&k0)?)?;
+                let coef = Tensor::stack(&[&k0, &k1, &rw], 0)?;
+                (coef, rstd.mul(&centred)?, sum_g)
             };
-            let k0 = rw
-                .mul(&rstd)?
-                .mul(&rstd)?
-                .mul(&centred)?
-                .mul_scalar(-1.0 / n)?;
-            let k1 = rw.mul(&sum_g)?.mul_scalar(-1.0 / n)?.sub(&mean.mul(&k0)?)?;
-            let coef = Tensor::stack(&[&k0, &k1, &rw], 0)?;
             let dx = x.batch_norm_apply(Some(g), &coef, false, gate)?;
             let mut grads = vec![Some(dx)];
             if has_w {
-                let dw = rstd.mul(&centred)?.cast(w_dtype.unwrap_or(sd))?;
-                grads.push(Some(dw));
+                grads.push(Some(dw.cast(w_dtype.unwrap_or(sd))?));
             }
             if has_b {
-                grads.push(Some(sum_g.cast(b_dtype.unwrap_or(sd))?));
+                grads.push(Some(db.cast(b_dtype.unwrap_or(sd))?));
             }
             if has_r {
                 // (With a residual there is no gate: g is already masked.)

@@ -1,0 +1,58 @@
+//! How many device calls a ResNet-50 training step issues (counted by the op profile on the
+//! CPU backend; the same front end issues the same calls on every device that declares the
+//! same ops). A count, not a time: launches are what a host-bound GPU step pays for.
+
+use std::sync::Arc;
+
+use redline_nn::{named_parameters, Module, ResNet, ResNetConfig};
+use redline_tensor::{Device, Tensor};
+use redline_train::profile::{OpKind, OpProfile};
+
+#[test]
+fn a_resnet50_step_issues_six_launches_per_batch_norm_and_under_seven_hundred_in_all() {
+    let cpu = Device::new(Arc::new(redline_cpu::CpuBackend::new()));
+    let (device, profile) = OpProfile::wrap(cpu, true);
+    let model = ResNet::new(
+        ResNetConfig {
+            num_classes: 10,
+            ..ResNetConfig::new(50)
+        },
+        &device,
+    )
+    .unwrap();
+    let x = Tensor::from_slice(&vec![0.5f32; 2 * 3 * 32 * 32], &[2, 3, 32, 32], &device).unwrap();
+    let y = Tensor::from_slice(&[1i64, 7], &[2], &device).unwrap();
+    profile.reset();
+    let loss = model
+        .forward(&x)
+        .unwrap()
+        .cross_entropy(&y, 0.1, None)
+        .unwrap();
+    loss.backward().unwrap();
+    let rows = profile.rows();
+    let calls = |f: &dyn Fn(&str) -> bool| -> u64 {
+        rows.iter().filter(|r| f(&r.label)).map(|r| r.calls).sum()
+    };
+    let launches = rows
+        .iter()
+        .filter(|r| r.kind != OpKind::Blocking && r.kind != OpKind::Transfer)
+        .map(|r| r.calls)
+        .sum::<u64>();
+    let norms = 53;
+    // Forward: statistics, coefficients, apply; backward: statistics, coefficients, apply.
+    assert_eq!(
+        calls(&|l| l.starts_with("batch_norm")),
+        6 * norms,
+        "{rows:#?}"
+    );
+    assert_eq!(calls(&|l| l == "batch_norm_coef"), norms);
+    assert_eq!(calls(&|l| l == "batch_norm_grad_coef"), norms);
+    // The counter every norm carries costs nothing in the step (written when read): the few
+    // fills left are the loss's constants and the backward's seed.
+    assert!(calls(&|l| l == "fill") < 12, "{rows:#?}");
+    // 3,310 before the coefficient ops (issue 18), about 560 after.
+    assert!(launches < 700, "{launches} launches: {rows:#?}");
+    eprintln!("forward + backward: {launches} launches");
+    let trainable = named_parameters(&model).len();
+    assert_eq!(trainable, 161);
+}
