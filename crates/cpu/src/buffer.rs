@@ -425,6 +425,20 @@ impl Data {
         build_data!(dtype, E => vec![E::from_f64(value); len])
     }
 
+    /// Σ x² in f64, over fixed parts on every core (the same bits on every run).
+    pub fn sum_squares(&self) -> f64 {
+        let n = self.len();
+        let parts = crate::parallel::parts_for(n, 1 << 16);
+        let sums: Vec<std::sync::Mutex<f64>> = (0..parts).map(|_| Default::default()).collect();
+        crate::parallel::for_parts(n, parts, |part, range| {
+            let s = with_data!(self, v => v[range].iter().map(|e| { let x = e.to_f64(); x * x }).sum::<f64>());
+            *sums[part].lock().unwrap_or_else(|p| p.into_inner()) = s;
+        });
+        sums.into_iter()
+            .map(|s| s.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .sum()
+    }
+
     /// Element `i` as f64.
     pub fn get_f64(&self, i: usize) -> f64 {
         with_data!(self, v => v[i].to_f64())

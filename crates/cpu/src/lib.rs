@@ -562,6 +562,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
+        // f64 accumulation, tensor by tensor (gradient clipping's norm: a read of each
+        // gradient, parallel over the elements of the large ones).
+        let mut sum = 0.0;
+        for t in tensors {
+            let data = self.buffer(t)?.read();
+            sum += data.sum_squares();
+        }
+        let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
+        let sd = redline_tensor::stats_dtype(dtype);
+        Ok(self.store(Data::from_f64s(sd, &[sum])))
+    }
+
     fn unscale_check(
         &self,
         grads: &[&Storage],

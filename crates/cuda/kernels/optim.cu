@@ -4,7 +4,7 @@
 // device-side found-inf flag and skip the step on overflow: a training step never waits for
 // the host. One-element scalars (found-inf, step, scale, growth tracker) may be of any dtype:
 // read and written through `load_scalar` / `store_scalar` by the dtype's code.
-#include "common.cuh"
+#include "block.cuh"
 
 #define LIST_MAX 32
 
@@ -125,6 +125,32 @@ __global__ void unscale_check(TensorList list, Flag inv_scale, Flag found_inf) {
     }
     // Every writer writes the same 1: the race is benign.
     if (bad) store_scalar((void *)found_inf.ptr, found_inf.code, 1.0);
+}
+
+/// Σ g² over each tensor of list 0, a block's share into partials[t·gridDim.x + blockIdx.x]:
+/// every (tensor, block) of the launch writes its entry, 0 where it had nothing, so the final
+/// sum needs no clearing. The first pass of gradient clipping's global norm.
+template <class T>
+__global__ void __launch_bounds__(256) sum_squares_partial(TensorList list, typename Num<T>::acc *partials) {
+    typedef typename Num<T>::acc A;
+    const int t = blockIdx.y;
+    const T *g = (const T *)list.ptr[0][t];
+    A sum = 0;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
+        const A v = Num<T>::load(g[i]);
+        sum += v * v;
+    }
+    sum = block_all(sum, SumOp());
+    if (threadIdx.x == 0) partials[(i64)t * gridDim.x + blockIdx.x] = sum;
+}
+
+/// out[0] = Σ partials[0..n) (one block, in a fixed order: the same bits every run).
+template <class A>
+__global__ void __launch_bounds__(256) sum_partials(const A *__restrict__ partials, i64 n, A *__restrict__ out) {
+    A sum = 0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) sum += partials[i];
+    sum = block_all(sum, SumOp());
+    if (threadIdx.x == 0) out[0] = sum;
 }
 
 struct ScalerArgs {

@@ -229,6 +229,8 @@ pub fn families() -> Vec<Family> {
         .iter()
         .flat_map(|&d| ["sgd", "adamw", "unscale_check"].map(|k| optim(k, d)))
         .collect();
+    optimizers.extend(floats.iter().map(|&d| optim("sum_squares_partial", d)));
+    optimizers.extend(["sum_partials<float>", "sum_partials<double>"].map(String::from));
     optimizers.extend(["adamw_step".to_string(), "scaler_update".to_string()]);
     let convs: Vec<String> = floats
         .iter()

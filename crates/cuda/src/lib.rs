@@ -674,6 +674,18 @@ impl Backend for CudaBackend {
         ops::optim::adamw(&*self.gpu, first_dtype(params), &slots, step, p, found)
     }
 
+    fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
+        let _range = nvtx::range("sum_squares");
+        let dtype = first_dtype(tensors);
+        let slots = self.slots(&[tensors])?;
+        let acc = stats_dtype(dtype);
+        let partials = self.alloc(acc, ops::optim::sum_squares_partials(&slots))?;
+        let out = self.alloc(acc, 1)?;
+        let (p, o) = (self.buffer(&partials)?.ptr, self.buffer(&out)?.ptr);
+        ops::optim::sum_squares(&*self.gpu, dtype, &slots, p, o)?;
+        Ok(out)
+    }
+
     fn unscale_check(
         &self,
         grads: &[&Storage],

@@ -559,3 +559,29 @@ fn a_training_loop_steady_state_allocates_nothing_from_the_device() {
         .expect("the caching allocator's statistics");
     assert!(stats.device_allocations > 0 && stats.reuses > stats.device_allocations);
 }
+
+#[test]
+fn the_sum_of_squares_spans_several_lists_and_blocks() {
+    // 40 tensors: two lists of the kernel's 32; the longest takes several blocks.
+    let device = device();
+    let tensors: Vec<Tensor> = (0..40)
+        .map(|t| {
+            let n = if t == 7 { 3000 } else { 1 + t * 5 };
+            let v: Vec<f32> = (0..n)
+                .map(|i| ((i * 7 + t) % 13) as f32 / 4.0 - 1.5)
+                .collect();
+            Tensor::from_slice(&v, &[n], &device).unwrap()
+        })
+        .collect();
+    let want: f64 = tensors
+        .iter()
+        .flat_map(|t| t.to_vec::<f32>().unwrap())
+        .map(|v| f64::from(v) * f64::from(v))
+        .sum();
+    let all: Vec<&Tensor> = tensors.iter().collect();
+    let got = redline_tensor::optim::sum_squares(&all)
+        .unwrap()
+        .item()
+        .unwrap();
+    assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+}

@@ -276,9 +276,15 @@ fn schedules_match_pytorch() {
 #[test]
 fn clipping_matches_pytorch() {
     let fx = &fixture()["clip"];
+    // The reference and CPU backends, and the CUDA kernels on their emulator: the global norm
+    // from one multi-tensor sum of squares everywhere.
+    let cuda = Device::new(std::sync::Arc::new(
+        redline_cuda::CudaBackend::emulated().unwrap(),
+    ));
     for (device, dtype, tol) in [
         (Device::reference(), DType::F64, 1e-12),
         (CpuBackend::device(), DType::F32, 1e-6),
+        (cuda, DType::F32, 1e-6),
     ] {
         let (w, b) = start(dtype, &device);
         set_grads(&w, &b, 2);

@@ -362,6 +362,8 @@ op_enum!(
         UnscaleCheck => "unscale_check",
         /// GradScaler's scale update (growth after clean intervals, backoff on overflow).
         ScalerUpdate => "scaler_update",
+        /// Σ x² over a list of tensors: the squared global norm of gradient clipping.
+        SumSquares => "sum_squares",
     }
 );
 
@@ -858,6 +860,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()>;
+
+    /// Σ x² over every element of every storage in `tensors` (one dtype, at least one), as a
+    /// one-element storage of [`stats_dtype`]: the squared global norm gradient clipping needs,
+    /// in one multi-tensor pass instead of a few ops per tensor. The default refuses.
+    fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
+        let _ = tensors;
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "sum_squares is not implemented".into(),
+        })
+    }
 
     /// `g *= inv_scale` for every gradient, and `found_inf = 1` when any result is inf or NaN.
     fn unscale_check(

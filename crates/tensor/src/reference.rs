@@ -523,6 +523,15 @@ impl Backend for Reference {
         Ok(())
     }
 
+    fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
+        let mut sum = 0.0;
+        for t in tensors {
+            sum += self.values(t)?.iter().map(|v| v * v).sum::<f64>();
+        }
+        let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
+        Ok(self.store(crate::backend::stats_dtype(dtype), vec![sum]))
+    }
+
     fn unscale_check(
         &self,
         grads: &[&Storage],

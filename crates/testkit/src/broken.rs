@@ -295,6 +295,9 @@ impl Backend for Broken {
         self.inner
             .adamw(params, grads, exp_avg, exp_avg_sq, step, p, found_inf)
     }
+    fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
+        self.inner.sum_squares(tensors)
+    }
     fn unscale_check(
         &self,
         grads: &[&Storage],

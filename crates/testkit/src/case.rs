@@ -327,6 +327,10 @@ impl Case {
                 optim::unscale_check(&[&fresh[0]], &scalar(0.5)?, &found_inf)?;
                 vec![fresh[0].clone(), found_inf]
             }
+            OptimOp::SumSquares => {
+                let all: Vec<&Tensor> = fresh.iter().collect();
+                vec![optim::sum_squares(&all)?]
+            }
             OptimOp::ScalerUpdate => {
                 let (scale, tracker) = (scalar(65536.0)?, scalar(1.0)?);
                 let p = ScalerParams {

@@ -467,6 +467,7 @@ fn optim_case(op: OptimOp, dtype: DType) -> BoxedStrategy<Case> {
         OptimOp::AdamW => &[Domain::Any, Domain::Any, Domain::Any, Domain::Positive],
         OptimOp::UnscaleCheck => &[Domain::Any],
         OptimOp::ScalerUpdate => &[Domain::Any],
+        OptimOp::SumSquares => &[Domain::Any, Domain::Any, Domain::Any],
     };
     let domains = domains.to_vec();
     shape(1..=2)

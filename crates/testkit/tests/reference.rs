@@ -209,3 +209,44 @@ fn batch_norm_through_the_coefficient_ops_equals_its_composition() {
         }
     }
 }
+
+#[test]
+fn clipping_through_the_multi_tensor_ops_equals_its_composition() {
+    use redline_tensor::{OptimOp, Tensor};
+    let composed = Device::new(Arc::new(
+        Broken::new(Fault::None).hiding(Op::Optim(OptimOp::SumSquares)),
+    ));
+    let run = |device: &Device| -> Vec<Vec<f64>> {
+        let params: Vec<Tensor> = [(vec![3.0, -4.0, 1.0], 7), (vec![2.0, 0.5], 3)]
+            .into_iter()
+            .map(|(v, k)| {
+                let n = v.len();
+                let p = Tensor::from_slice(&v, &[n], device)
+                    .unwrap()
+                    .with_requires_grad(true);
+                let w: Vec<f64> = (0..n).map(|i| (i * k) as f64 - 2.0).collect();
+                let w = Tensor::from_slice(&w, &[n], device).unwrap();
+                p.mul(&w)
+                    .unwrap()
+                    .sum(&[], false)
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                p
+            })
+            .collect();
+        let norm = redline_nn::clip_grad_norm(&params, 1.5).unwrap().unwrap();
+        let mut out = vec![norm.to_f64_vec().unwrap()];
+        out.extend(
+            params
+                .iter()
+                .map(|p| p.grad().unwrap().to_f64_vec().unwrap()),
+        );
+        out
+    };
+    let (a, b) = (run(&Device::reference()), run(&composed));
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        assert!((x - y).abs() <= 1e-12 * (1.0 + y.abs()), "{a:?} vs {b:?}");
+    }
+    assert!(a[0][0] > 1.5, "the gradients were clipped: {a:?}");
+}

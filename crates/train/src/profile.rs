@@ -808,6 +808,14 @@ impl Backend for OpProfile {
         let f = |b: &dyn Backend| b.adamw(params, grads, exp_avg, exp_avg_sq, step, p, found_inf);
         self.timed(Optimizer, || "adamw".into(), 0, f)
     }
+    fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
+        self.timed(
+            Optimizer,
+            || "sum_squares".into(),
+            0,
+            |b| b.sum_squares(tensors),
+        )
+    }
     fn unscale_check(
         &self,
         grads: &[&Storage],

@@ -53,6 +53,25 @@ fn a_resnet50_step_issues_six_launches_per_batch_norm_and_under_seven_hundred_in
     // 3,310 before the coefficient ops (issue 18), about 560 after.
     assert!(launches < 700, "{launches} launches: {rows:#?}");
     eprintln!("forward + backward: {launches} launches");
-    let trainable = named_parameters(&model).len();
-    assert_eq!(trainable, 161);
+    // Clipping the 161 gradients to a global norm: a handful of launches, not a few per
+    // gradient.
+    let params: Vec<Tensor> = named_parameters(&model)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(params.len(), 161);
+    profile.reset();
+    redline_nn::clip_grad_norm(&params, 1.0).unwrap().unwrap();
+    let clip: u64 = profile
+        .rows()
+        .iter()
+        .filter(|r| r.kind != OpKind::Blocking)
+        .map(|r| r.calls)
+        .sum();
+    assert!(
+        clip <= 12,
+        "clipping took {clip} launches: {:#?}",
+        profile.rows()
+    );
+    eprintln!("clipping: {clip} launches");
 }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::backend::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, Download, HostBytes, NnOp, Op, OtherOp,
+    AdamWParams, Backend, BinaryOp, Conv2dParams, Download, HostBytes, NnOp, Op, OptimOp, OtherOp,
     Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, Timestamp, UnaryOp, View,
 };
 use redline_tensor::{DType, Device, Layout, Result, TensorError};
@@ -247,9 +247,12 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // Batch norm's one-launch coefficient ops are not written in WGSL yet: the front end
-        // composes them from the primitives here.
-        if matches!(op, Op::Nn(NnOp::BatchNormCoef | NnOp::BatchNormGradCoef)) {
+        // Batch norm's one-launch coefficient ops and the multi-tensor sum of squares are not
+        // written in WGSL yet: the front end composes them from the primitives here.
+        if matches!(
+            op,
+            Op::Nn(NnOp::BatchNormCoef | NnOp::BatchNormGradCoef) | Op::Optim(OptimOp::SumSquares)
+        ) {
             return false;
         }
         if self.float(dtype) {

@@ -131,6 +131,51 @@ pub fn unscale_check(
     })
 }
 
+/// The most blocks per tensor in the first pass of [`sum_squares`].
+pub const SQUARES_BLOCKS: usize = 32;
+
+/// Blocks per tensor in the first pass of [`sum_squares`] over `slots`: enough for the longest.
+fn squares_blocks(slots: &[Slot]) -> usize {
+    let longest = slots.iter().map(|s| s.len).max().unwrap_or(0);
+    longest.div_ceil(THREADS as usize).clamp(1, SQUARES_BLOCKS)
+}
+
+/// How many partial sums [`sum_squares`] writes for `slots` (its scratch buffer's length).
+pub fn sum_squares_partials(slots: &[Slot]) -> usize {
+    slots.len().max(1) * squares_blocks(slots)
+}
+
+/// Σ x² over every slot's first storage into the one-element `out` (of `dtype`'s accumulation
+/// type): per list, a block per (tensor, share) writes a partial into `partials`
+/// ([`sum_squares_partials`] long, tensor after tensor: every entry written); one block then
+/// sums them all.
+pub fn sum_squares(
+    gpu: &dyn Gpu,
+    dtype: DType,
+    slots: &[Slot],
+    partials: DevicePtr,
+    out: DevicePtr,
+) -> Result<()> {
+    let kernel = kernels::optim("sum_squares_partial", dtype);
+    let acc = redline_tensor::stats_dtype(dtype);
+    let blocks = squares_blocks(slots);
+    for (i, chunk) in slots.chunks(LIST_MAX).enumerate() {
+        let shape = LaunchShape {
+            grid: [blocks as u32, chunk.len() as u32, 1],
+            block: [THREADS, 1, 1],
+        };
+        let at = partials.offset(i * LIST_MAX * blocks * acc.size());
+        let args = KernelArgs::new().bytes(&list(chunk)).ptr(at);
+        gpu.launch(&kernel, shape, &args)?;
+    }
+    let args = KernelArgs::new()
+        .ptr(partials)
+        .i64(sum_squares_partials(slots) as i64)
+        .ptr(out);
+    let sum = format!("sum_partials<{}>", kernels::ctype(acc));
+    gpu.launch(&sum, LaunchShape::linear(1, THREADS), &args)
+}
+
 pub fn scaler_update(
     gpu: &dyn Gpu,
     scale: Scalar,

@@ -4,6 +4,7 @@
 
 use crate::backend::{AdamWParams, Op, OptimOp, ScalerParams, SgdParams, Storage};
 use crate::error::{Result, TensorError};
+use crate::layout::Layout;
 use crate::tensor::Tensor;
 
 /// Every tensor must be a whole dense row-major storage on the first one's device and dtype,
@@ -133,6 +134,35 @@ pub fn unscale_check(grads: &[&Tensor], inv_scale: &Tensor, found_inf: &Tensor) 
         flag(op, "inv_scale", inv_scale)?,
         flag(op, "found_inf", found_inf)?,
     )
+}
+
+/// Σ x² over every element of `tensors` (whole contiguous tensors of one dtype, on one
+/// device) as a `[1]` tensor of the stats dtype (f32; f64 for f64), in one multi-tensor pass:
+/// the squared global norm of gradient clipping.
+pub fn sum_squares(tensors: &[&Tensor]) -> Result<Tensor> {
+    let op = OptimOp::SumSquares;
+    let Some(first) = tensors.first() else {
+        return Err(TensorError::shape("sum_squares of no tensors"));
+    };
+    first.device().check(Op::Optim(op), first.dtype())?;
+    if let Some(other) =
+        (tensors.iter()).find(|t| t.dtype() != first.dtype() || t.device() != first.device())
+    {
+        return Err(TensorError::shape(format!(
+            "sum_squares: {} on {} beside {} on {}",
+            other.dtype(),
+            other.device().name(),
+            first.dtype(),
+            first.device().name()
+        )));
+    }
+    let storages = whole(op, "tensors", tensors, &[])?;
+    let out = first.backend().sum_squares(&storages)?;
+    Ok(Tensor::from_storage(
+        out,
+        Layout::contiguous(&[1]),
+        first.device().clone(),
+    ))
 }
 
 /// GradScaler's scale update on the device; clears `found_inf` for the next step.
