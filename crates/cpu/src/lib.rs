@@ -152,6 +152,13 @@ impl Backend for CpuBackend {
         Ok(self.store(Data::from_le_bytes(dtype, &bytes)))
     }
 
+    fn upload_into(&self, dst: &Storage, bytes: HostBytes) -> Result<()> {
+        redline_tensor::backend::check_upload_into(self.name(), dst, &bytes)?;
+        // Copied here, as `upload`; the storage handle (what a captured step holds) is kept.
+        *self.buffer(dst)?.write() = Data::from_le_bytes(dst.dtype(), &bytes);
+        Ok(())
+    }
+
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
         let data = self.buffer(x.storage)?.read();
         Ok(ops::elementwise::download(&data, x.layout))
@@ -501,12 +508,18 @@ impl Backend for CpuBackend {
         params: &[&Storage],
         grads: &[&Storage],
         momentum: &[&Storage],
+        step: &Storage,
+        lr: &Storage,
         p: &SgdParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
         if self.flag_raised(found_inf)? {
             return Ok(());
         }
+        let at = ops::optim::Rate {
+            lr: ops::optim::scalar_of(&self.buffer(lr)?.read()) * p.lr_scale,
+            step: self.count_step(step)?,
+        };
         for (i, param) in params.iter().enumerate() {
             let grad = grads.get(i).ok_or_else(|| missing("sgd", "gradient", i))?;
             let buf = momentum.get(i).filter(|_| p.momentum != 0.0);
@@ -516,9 +529,9 @@ impl Backend for CpuBackend {
             match buf {
                 Some(b) => {
                     let mut m = self.buffer(b)?.write();
-                    ops::optim::sgd(&mut w, &g, Some(&mut m), p);
+                    ops::optim::sgd(&mut w, &g, Some(&mut m), at, p);
                 }
-                None => ops::optim::sgd(&mut w, &g, None, p),
+                None => ops::optim::sgd(&mut w, &g, None, at, p),
             }
         }
         Ok(())
@@ -531,17 +544,16 @@ impl Backend for CpuBackend {
         exp_avg: &[&Storage],
         exp_avg_sq: &[&Storage],
         step: &Storage,
+        lr: &Storage,
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
         if self.flag_raised(found_inf)? {
             return Ok(());
         }
-        let t = {
-            let mut s = self.buffer(step)?.write();
-            let t = ops::optim::scalar_of(&s) + 1.0;
-            ops::optim::set_scalar(&mut s, t);
-            t
+        let at = ops::optim::Rate {
+            lr: ops::optim::scalar_of(&self.buffer(lr)?.read()) * p.lr_scale,
+            step: self.count_step(step)?,
         };
         for (i, param) in params.iter().enumerate() {
             let grad = grads
@@ -557,7 +569,7 @@ impl Backend for CpuBackend {
             let g = self.buffer(grad)?.read();
             let mut w = self.buffer(param)?.write();
             let (mut m, mut v) = (self.buffer(m)?.write(), self.buffer(v)?.write());
-            ops::optim::adamw(&mut w, &g, &mut m, &mut v, t, p);
+            ops::optim::adamw(&mut w, &g, &mut m, &mut v, at, p);
         }
         Ok(())
     }
@@ -613,6 +625,14 @@ impl Backend for CpuBackend {
 
 impl CpuBackend {
     /// Whether the optional found-inf flag is set.
+    /// `step += 1` (an optimizer's count of applied steps); returns the new count.
+    fn count_step(&self, step: &Storage) -> Result<f64> {
+        let mut s = self.buffer(step)?.write();
+        let t = ops::optim::scalar_of(&s) + 1.0;
+        ops::optim::set_scalar(&mut s, t);
+        Ok(t)
+    }
+
     fn flag_raised(&self, flag: Option<&Storage>) -> Result<bool> {
         match flag {
             Some(f) => Ok(ops::optim::scalar_of(&self.buffer(f)?.read()) != 0.0),

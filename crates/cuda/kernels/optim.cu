@@ -51,15 +51,26 @@ struct Flag {
 __device__ __forceinline__ bool raised(Flag f) { return f.ptr != 0 && load_scalar((const void *)f.ptr, f.code) != 0.0; }
 
 struct SgdArgs {
-    double lr, momentum, dampening, weight_decay;
-    i32 nesterov, first_step, unused0, unused1;
+    double lr_scale, momentum, dampening, weight_decay;
+    i32 nesterov, unused0, unused1, unused2;
 };
 
-/// PyTorch's SGD: list 0 params, 1 grads, 2 momentum buffers (when momentum ≠ 0).
+/// An optimizer's count of applied steps: += 1 unless found-inf (one thread, in its own launch
+/// before the update, so every block of the update reads the new value).
+__global__ void count_step(Flag step, Flag found_inf) {
+    if (threadIdx.x != 0 || blockIdx.x != 0 || raised(found_inf)) return;
+    store_scalar((void *)step.ptr, step.code, load_scalar((const void *)step.ptr, step.code) + 1.0);
+}
+
+/// PyTorch's SGD at (already counted) `step` and learning rate `lr · lr_scale`, both read from
+/// the device (a replayed graph sees this step's values): list 0 params, 1 grads, 2 momentum
+/// buffers (when momentum ≠ 0), filled with the gradient on the first applied step.
 template <class T>
-__global__ void sgd(TensorList list, SgdArgs a, Flag found_inf) {
+__global__ void sgd(TensorList list, SgdArgs a, Flag step, Flag lr, Flag found_inf) {
     typedef typename Num<T>::acc A;
     if (raised(found_inf)) return;
+    const bool first = load_scalar((const void *)step.ptr, step.code) == 1.0;
+    const A rate = (A)(load_scalar((const void *)lr.ptr, lr.code) * a.lr_scale);
     const int t = blockIdx.y;
     T *param = (T *)list.ptr[0][t];
     const T *grad = (const T *)list.ptr[1][t];
@@ -68,30 +79,26 @@ __global__ void sgd(TensorList list, SgdArgs a, Flag found_inf) {
         const A w = Num<T>::load(param[i]);
         A d = Num<T>::load(grad[i]) + (A)a.weight_decay * w;
         if (a.momentum != 0.0) {
-            const A b = a.first_step ? d : (A)a.momentum * Num<T>::load(buf[i]) + (A)(1.0 - a.dampening) * d;
+            const A b = first ? d : (A)a.momentum * Num<T>::load(buf[i]) + (A)(1.0 - a.dampening) * d;
             buf[i] = Num<T>::store(b);
             d = a.nesterov ? d + (A)a.momentum * b : b;
         }
-        param[i] = Num<T>::store(w - (A)a.lr * d);
+        param[i] = Num<T>::store(w - rate * d);
     }
 }
 
-/// AdamW's step count: += 1 unless found-inf (one thread, before `adamw` reads it).
-__global__ void adamw_step(Flag step, Flag found_inf) {
-    if (threadIdx.x != 0 || blockIdx.x != 0 || raised(found_inf)) return;
-    store_scalar((void *)step.ptr, step.code, load_scalar((const void *)step.ptr, step.code) + 1.0);
-}
-
 struct AdamArgs {
-    double lr, beta1, beta2, eps, weight_decay;
+    double lr_scale, beta1, beta2, eps, weight_decay;
 };
 
-/// PyTorch's AdamW at the (already counted) step: list 0 params, 1 grads, 2 exp_avg, 3 exp_avg_sq.
+/// PyTorch's AdamW at the (already counted) step and learning rate `lr · lr_scale`, both read
+/// from the device: list 0 params, 1 grads, 2 exp_avg, 3 exp_avg_sq.
 template <class T>
-__global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag found_inf) {
+__global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag lr, Flag found_inf) {
     typedef typename Num<T>::acc A;
     if (raised(found_inf)) return;
     const double s = load_scalar((const void *)step.ptr, step.code);
+    const double rate = load_scalar((const void *)lr.ptr, lr.code) * a.lr_scale;
     const A bc1 = (A)(1.0 - pow(a.beta1, s)), bc2_sqrt = (A)sqrt(1.0 - pow(a.beta2, s));
     const int t = blockIdx.y;
     T *param = (T *)list.ptr[0][t];
@@ -100,13 +107,13 @@ __global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag found_inf) {
     T *m2 = (T *)list.ptr[3][t];
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
         const A g = Num<T>::load(grad[i]);
-        const A w = Num<T>::load(param[i]) * (A)(1.0 - a.lr * a.weight_decay);
+        const A w = Num<T>::load(param[i]) * (A)(1.0 - rate * a.weight_decay);
         const A m = (A)a.beta1 * Num<T>::load(m1[i]) + (A)(1.0 - a.beta1) * g;
         const A v = (A)a.beta2 * Num<T>::load(m2[i]) + (A)(1.0 - a.beta2) * g * g;
         const A denom = sqrt(v) / bc2_sqrt + (A)a.eps;
         m1[i] = Num<T>::store(m);
         m2[i] = Num<T>::store(v);
-        param[i] = Num<T>::store(w - (A)a.lr / bc1 * m / denom);
+        param[i] = Num<T>::store(w - (A)rate / bc1 * m / denom);
     }
 }
 

@@ -231,7 +231,7 @@ pub fn families() -> Vec<Family> {
         .collect();
     optimizers.extend(floats.iter().map(|&d| optim("sum_squares_partial", d)));
     optimizers.extend(["sum_partials<float>", "sum_partials<double>"].map(String::from));
-    optimizers.extend(["adamw_step".to_string(), "scaler_update".to_string()]);
+    optimizers.extend(["count_step".to_string(), "scaler_update".to_string()]);
     let convs: Vec<String> = floats
         .iter()
         .flat_map(|&d| CONV_KERNELS.iter().map(move |k| conv(k, d)))

@@ -238,6 +238,13 @@ impl CudaBackend {
             dtype: s.dtype(),
         })
     }
+
+    fn step_scalars(&self, step: &Storage, lr: &Storage) -> Result<ops::optim::StepScalars> {
+        Ok(ops::optim::StepScalars {
+            step: self.scalar(step)?,
+            lr: self.scalar(lr)?,
+        })
+    }
 }
 
 /// "8GiB", "512 MiB", "64KiB" or plain bytes.
@@ -290,6 +297,18 @@ impl Backend for CudaBackend {
         self.transfers.uploads.fetch_add(1, Ordering::Relaxed);
         self.gpu.upload_owned(self.buffer(&out)?.ptr, bytes)?;
         Ok(out)
+    }
+
+    fn upload_into(&self, dst: &Storage, bytes: HostBytes) -> Result<()> {
+        let _range = nvtx::range("upload_into");
+        redline_tensor::backend::check_upload_into(self.name(), dst, &bytes)?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.transfers.uploads.fetch_add(1, Ordering::Relaxed);
+        // Into the same allocation, on the stream: ordered after the ops that read the old
+        // values, and `bytes` is kept until the copy is done (as `upload`).
+        self.gpu.upload_owned(self.buffer(dst)?.ptr, bytes)
     }
 
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
@@ -643,6 +662,8 @@ impl Backend for CudaBackend {
         params: &[&Storage],
         grads: &[&Storage],
         momentum: &[&Storage],
+        step: &Storage,
+        lr: &Storage,
         p: &SgdParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
@@ -654,7 +675,8 @@ impl Backend for CudaBackend {
         };
         let slots = self.slots(states)?;
         let found = found_inf.map(|f| self.scalar(f)).transpose()?;
-        ops::optim::sgd(&*self.gpu, first_dtype(params), &slots, p, found)
+        let at = self.step_scalars(step, lr)?;
+        ops::optim::sgd(&*self.gpu, first_dtype(params), &slots, at, p, found)
     }
 
     fn adamw(
@@ -664,14 +686,15 @@ impl Backend for CudaBackend {
         exp_avg: &[&Storage],
         exp_avg_sq: &[&Storage],
         step: &Storage,
+        lr: &Storage,
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
         let _range = nvtx::range("adamw");
         let slots = self.slots(&[params, grads, exp_avg, exp_avg_sq])?;
         let found = found_inf.map(|f| self.scalar(f)).transpose()?;
-        let step = self.scalar(step)?;
-        ops::optim::adamw(&*self.gpu, first_dtype(params), &slots, step, p, found)
+        let at = self.step_scalars(step, lr)?;
+        ops::optim::adamw(&*self.gpu, first_dtype(params), &slots, at, p, found)
     }
 
     fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {

@@ -460,7 +460,7 @@ fn a_steady_state_training_step_copies_only_the_batch_and_the_loss() {
         .map(|(_, p)| p)
         .collect();
     let labels = Tensor::from_slice(&[2i64, 0], &[2], &device).unwrap();
-    let mut step = |seed: usize| -> f64 {
+    let mut step = |seed: usize, lr: f64| -> f64 {
         let pixels: Vec<f32> = (0..2 * 3 * 8 * 8)
             .map(|i| (((i + seed) * 7 % 13) as f32 - 6.0) / 6.0)
             .collect();
@@ -473,17 +473,17 @@ fn a_steady_state_training_step_copies_only_the_batch_and_the_loss() {
         drop(scope);
         scaler.scale(&loss).and_then(|l| l.backward()).unwrap();
         let flag = scaler.step_flag(&params).unwrap().clone();
-        opt.step(0.1, Some(&flag)).unwrap();
+        opt.step(lr, Some(&flag)).unwrap();
         scaler.update().unwrap();
         for p in &params {
             p.zero_grad();
         }
         loss.item().unwrap()
     };
-    step(0);
-    step(1);
+    step(0, 0.1);
+    step(1, 0.1);
     let (before, memory) = (backend.transfer_stats(), backend.memory_stats());
-    let loss = step(2);
+    let loss = step(2, 0.1);
     let (after, memory_after) = (backend.transfer_stats(), backend.memory_stats());
     assert!(loss.is_finite());
     assert_eq!(
@@ -498,6 +498,22 @@ fn a_steady_state_training_step_copies_only_the_batch_and_the_loss() {
     assert_eq!(
         memory_after.device_allocations, memory.device_allocations,
         "{memory_after}"
+    );
+    // A new learning rate is one more 4-byte upload, into the scalar the update already reads.
+    step(3, 0.05);
+    let last = backend.transfer_stats();
+    assert_eq!(
+        (
+            last.uploads - after.uploads,
+            last.synchronizations - after.synchronizations
+        ),
+        (2, 0),
+        "a step at a new learning rate: the batch and the rate, no synchronisation"
+    );
+    let memory_last = backend.memory_stats();
+    assert_eq!(
+        memory_last.device_allocations, memory.device_allocations,
+        "{memory_last}"
     );
 }
 

@@ -446,23 +446,25 @@ pub struct Pool2dParams {
     pub padding: [usize; 2],
 }
 
-/// SGD hyper-parameters (PyTorch's `torch.optim.SGD`).
+/// SGD hyper-parameters (PyTorch's `torch.optim.SGD`) that stay the same from step to step:
+/// what changes (the learning rate, whether the momentum buffers hold a value yet) lives in
+/// device scalars the kernels read, so a captured step replays with the new values.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SgdParams {
-    pub lr: f64,
+    /// The parameter group's multiplier of the device learning rate (1 for most groups).
+    pub lr_scale: f64,
     pub momentum: f64,
     pub dampening: f64,
     pub weight_decay: f64,
     pub nesterov: bool,
-    /// Whether the momentum buffers hold a value yet (PyTorch initialises them with the first
-    /// gradient, undampened).
-    pub first_step: bool,
 }
 
-/// AdamW hyper-parameters (PyTorch's `torch.optim.AdamW`).
+/// AdamW hyper-parameters (PyTorch's `torch.optim.AdamW`) that stay the same from step to step
+/// (the learning rate and the step count are device scalars).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWParams {
-    pub lr: f64,
+    /// The parameter group's multiplier of the device learning rate.
+    pub lr_scale: f64,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -485,6 +487,20 @@ impl Default for ScalerParams {
             growth_interval: 2000,
         }
     }
+}
+
+/// Refuses an [`Backend::upload_into`] whose bytes are not exactly `dst`'s elements.
+pub fn check_upload_into(device: String, dst: &Storage, bytes: &[u8]) -> Result<()> {
+    let want = dst.len() * dst.dtype().size();
+    if bytes.len() != want {
+        return Err(TensorError::shape(format!(
+            "upload_into on {device}: {} bytes for a storage of {} {} elements ({want} bytes)",
+            bytes.len(),
+            dst.len(),
+            dst.dtype()
+        )));
+    }
+    Ok(())
 }
 
 /// Batch norm's training-mode constants for [`Backend::batch_norm_coef`].
@@ -599,6 +615,23 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// A storage holding `bytes` (little-endian elements of `dtype`). The backend owns `bytes`
     /// until the copy has completed, then drops it (returning a pooled buffer to its pool).
     fn upload(&self, dtype: DType, bytes: HostBytes) -> Result<Storage>;
+
+    /// Overwrites all of `dst` with `bytes` (exactly `dst.len()` little-endian elements of its
+    /// dtype), ordered like an op: after every op enqueued before it, before every op enqueued
+    /// after it. The storage keeps its address, which is what a captured graph needs of its
+    /// inputs and step scalars (CUDA: an async copy on the stream into the same allocation).
+    /// `bytes` is owned until the copy has completed. The default uploads a fresh storage and
+    /// copies it over with [`copy_into`](Self::copy_into); backends write directly.
+    fn upload_into(&self, dst: &Storage, bytes: HostBytes) -> Result<()> {
+        check_upload_into(self.name(), dst, &bytes)?;
+        let src = self.upload(dst.dtype(), bytes)?;
+        let layout = Layout::contiguous(&[dst.len()]);
+        let view = View {
+            storage: &src,
+            layout: &layout,
+        };
+        self.copy_into(dst, &layout, view)
+    }
 
     /// The view's elements in row-major order as little-endian bytes. Waits for pending work.
     fn download(&self, x: View<'_>) -> Result<Vec<u8>>;
@@ -836,19 +869,26 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     // --- optimizer and mixed-precision ops (in place) ------------------------------------
 
-    /// For every i, unless `found_inf` (one element) is non-zero: PyTorch's SGD step on
-    /// `params[i]` with `grads[i]` and momentum buffer `momentum[i]` (ignored without momentum).
+    /// Unless `found_inf` (one element) is non-zero: `step += 1`, then for every i PyTorch's
+    /// SGD step on `params[i]` with `grads[i]` and momentum buffer `momentum[i]` (ignored
+    /// without momentum) at learning rate `lr[0] · p.lr_scale`. The buffer is set to the
+    /// gradient, undampened, when the new `step` is 1 (the first applied step, as PyTorch fills
+    /// a buffer that does not exist yet). `step` and `lr` are one-element device scalars.
+    #[allow(clippy::too_many_arguments)]
     fn sgd(
         &self,
         params: &[&Storage],
         grads: &[&Storage],
         momentum: &[&Storage],
+        step: &Storage,
+        lr: &Storage,
         p: &SgdParams,
         found_inf: Option<&Storage>,
     ) -> Result<()>;
 
     /// Unless `found_inf` is non-zero: `step += 1`, then PyTorch's AdamW update of every
-    /// parameter with its gradient and moment buffers, bias-corrected with the new `step`.
+    /// parameter with its gradient and moment buffers at learning rate `lr[0] · p.lr_scale`,
+    /// bias-corrected with the new `step`.
     #[allow(clippy::too_many_arguments)]
     fn adamw(
         &self,
@@ -857,6 +897,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         exp_avg: &[&Storage],
         exp_avg_sq: &[&Storage],
         step: &Storage,
+        lr: &Storage,
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()>;

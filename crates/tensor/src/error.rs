@@ -24,6 +24,9 @@ pub enum TensorError {
     /// Autograd misuse (backward twice, a non-scalar root without a gradient).
     #[error("autograd: {0}")]
     Autograd(String),
+    /// An API used out of order (an optimizer update before any learning rate was set).
+    #[error("usage error: {0}")]
+    Usage(String),
     /// The backend failed (out of memory, a driver error).
     #[error("backend {device}: {what}")]
     Backend { device: String, what: String },

@@ -84,6 +84,14 @@ impl Reference {
         Ok(self.values(s)?.first().copied().unwrap_or(0.0))
     }
 
+    /// `step += 1` (an optimizer's count of applied steps); returns the new count.
+    fn count_step(&self, step: &Storage) -> Result<f64> {
+        self.update(step, |s| {
+            s[0] += 1.0;
+            s[0]
+        })
+    }
+
     /// The view's elements in logical row-major order.
     fn gather(&self, x: View<'_>) -> Result<Vec<f64>> {
         let values = self.values(x.storage)?;
@@ -158,6 +166,16 @@ impl Backend for Reference {
             .collect();
         // The copy is complete here: `bytes` (maybe a pooled buffer) is dropped on return.
         Ok(self.store(dtype, values))
+    }
+
+    fn upload_into(&self, dst: &Storage, bytes: HostBytes) -> Result<()> {
+        crate::backend::check_upload_into(self.name(), dst, &bytes)?;
+        let dtype = dst.dtype();
+        self.update(dst, |values| {
+            for (i, v) in values.iter_mut().enumerate() {
+                *v = dtype.read(&bytes, i);
+            }
+        })
     }
 
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
@@ -463,6 +481,8 @@ impl Backend for Reference {
         params: &[&Storage],
         grads: &[&Storage],
         momentum: &[&Storage],
+        step: &Storage,
+        lr: &Storage,
         p: &SgdParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
@@ -471,6 +491,8 @@ impl Backend for Reference {
                 return Ok(());
             }
         }
+        let first = self.count_step(step)? == 1.0;
+        let lr = self.scalar(lr)? * p.lr_scale;
         for (i, param) in params.iter().enumerate() {
             let g = self.values(grads[i])?.clone();
             let mut bufs = match momentum.get(i) {
@@ -479,7 +501,7 @@ impl Backend for Reference {
             };
             self.update(param, |w| {
                 for (k, w) in w.iter_mut().enumerate() {
-                    (*w, bufs[k]) = ops::optim::reference::sgd(*w, g[k], bufs[k], p);
+                    (*w, bufs[k]) = ops::optim::reference::sgd(*w, g[k], bufs[k], lr, first, p);
                 }
             })?;
             if let Some(b) = momentum.get(i).filter(|_| p.momentum != 0.0) {
@@ -496,6 +518,7 @@ impl Backend for Reference {
         exp_avg: &[&Storage],
         exp_avg_sq: &[&Storage],
         step: &Storage,
+        lr: &Storage,
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
@@ -504,17 +527,15 @@ impl Backend for Reference {
                 return Ok(());
             }
         }
-        let t = self.update(step, |s| {
-            s[0] += 1.0;
-            s[0]
-        })?;
+        let t = self.count_step(step)?;
+        let lr = self.scalar(lr)? * p.lr_scale;
         for (i, param) in params.iter().enumerate() {
             let g = self.values(grads[i])?.clone();
             let mut m = self.values(exp_avg[i])?.clone();
             let mut v = self.values(exp_avg_sq[i])?.clone();
             self.update(param, |w| {
                 for (k, w) in w.iter_mut().enumerate() {
-                    (*w, m[k], v[k]) = ops::optim::reference::adamw(*w, g[k], m[k], v[k], t, p);
+                    (*w, m[k], v[k]) = ops::optim::reference::adamw(*w, g[k], m[k], v[k], t, lr, p);
                 }
             })?;
             self.update(exp_avg[i], |d| d.copy_from_slice(&m))?;

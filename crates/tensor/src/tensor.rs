@@ -81,6 +81,34 @@ impl Tensor {
         ))
     }
 
+    /// Overwrites this tensor's elements with host bytes, in place: the storage keeps its
+    /// device address, so a captured step that reads it (an input batch, a learning rate) sees
+    /// the new values on replay. The tensor must own its whole storage densely (a tensor made by
+    /// an upload, `full` or an op, not a view into another); `bytes` must hold exactly its
+    /// elements. Ordered like an op; the device owns `bytes` until the copy has completed.
+    pub fn copy_from_host(&self, bytes: HostBytes) -> Result<()> {
+        let dense = self.layout().is_contiguous() && self.storage().len() == self.numel();
+        if !dense {
+            return Err(TensorError::shape(format!(
+                "copy_from_host into a view ({:?} of a {}-element storage): only a whole dense \
+                 tensor can be overwritten from the host",
+                self.shape(),
+                self.storage().len()
+            )));
+        }
+        self.backend().upload_into(self.storage(), bytes)
+    }
+
+    /// [`copy_from_host`](Self::copy_from_host) from values rounded to this tensor's dtype.
+    pub fn copy_from_f64s(&self, values: &[f64]) -> Result<()> {
+        let dtype = self.dtype();
+        let mut bytes = vec![0u8; values.len() * dtype.size()];
+        for (i, &v) in values.iter().enumerate() {
+            dtype.write(&mut bytes, i, v);
+        }
+        self.copy_from_host(HostBytes::Owned(bytes))
+    }
+
     /// A tensor of `shape` filled with `value`.
     pub fn full(value: f64, shape: &[usize], dtype: DType, device: &Device) -> Result<Self> {
         device.check(Op::Other(OtherOp::Fill), dtype)?;

@@ -12,14 +12,13 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
 
-fn sgd_params(first_step: bool) -> SgdParams {
+fn sgd_params(dampening: f64) -> SgdParams {
     SgdParams {
-        lr: 0.1,
+        lr_scale: 0.5,
         momentum: 0.9,
-        dampening: 0.0,
+        dampening,
         weight_decay: 0.01,
         nesterov: true,
-        first_step,
     }
 }
 
@@ -31,19 +30,47 @@ fn sgd_follows_pytorch_nesterov_and_skips_on_found_inf() {
         t(&[0.5], &[1], &dev),
         t(&[0.2], &[1], &dev),
     );
+    // lr = 0.2 on the device, halved by the group's scale; step 4: buffers hold values.
+    let (lr, step) = (t(&[0.2], &[1], &dev), t(&[4.0], &[1], &dev));
     let clean = t(&[0.0], &[1], &dev);
-    optim::sgd(&[&p], &[&g], &[&buf], &sgd_params(false), Some(&clean)).unwrap();
+    let hp = sgd_params(0.0);
+    optim::sgd(&[&p], &[&g], &[&buf], &step, &lr, &hp, Some(&clean)).unwrap();
     // d = g + wd·p = 0.51; buf = 0.9·0.2 + 0.51 = 0.69; nesterov d = 0.51 + 0.9·0.69 = 1.131.
     assert!(close(buf.item().unwrap(), 0.69));
     assert!(close(p.item().unwrap(), 1.0 - 0.1 * 1.131));
-    // First step: the buffer starts as the gradient, undampened.
-    let (p, buf) = (t(&[1.0], &[1], &dev), t(&[0.0], &[1], &dev));
-    optim::sgd(&[&p], &[&g], &[&buf], &sgd_params(true), None).unwrap();
-    assert!(close(buf.item().unwrap(), 0.51));
-    // An overflow step changes nothing.
+    assert_eq!(step.item().unwrap(), 5.0, "an applied step is counted");
+    // An overflow step changes nothing, the count included.
     let overflow = t(&[1.0], &[1], &dev);
-    optim::sgd(&[&p], &[&g], &[&buf], &sgd_params(false), Some(&overflow)).unwrap();
-    assert!(close(buf.item().unwrap(), 0.51));
+    optim::sgd(&[&p], &[&g], &[&buf], &step, &lr, &hp, Some(&overflow)).unwrap();
+    assert!(close(buf.item().unwrap(), 0.69));
+    assert_eq!(step.item().unwrap(), 5.0);
+}
+
+#[test]
+fn sgd_fills_the_buffer_on_the_first_applied_step_even_after_a_skipped_one() {
+    let dev = Device::reference();
+    let (p, g, buf) = (
+        t(&[1.0], &[1], &dev),
+        t(&[0.5], &[1], &dev),
+        t(&[0.0], &[1], &dev),
+    );
+    let (lr, step) = (t(&[0.2], &[1], &dev), t(&[0.0], &[1], &dev));
+    // Dampening 0.5: a blended first step would give 0.255, PyTorch's fill gives 0.51.
+    let hp = sgd_params(0.5);
+    let overflow = t(&[1.0], &[1], &dev);
+    optim::sgd(&[&p], &[&g], &[&buf], &step, &lr, &hp, Some(&overflow)).unwrap();
+    assert_eq!((buf.item().unwrap(), step.item().unwrap()), (0.0, 0.0));
+    optim::sgd(&[&p], &[&g], &[&buf], &step, &lr, &hp, None).unwrap();
+    assert!(close(buf.item().unwrap(), 0.51), "{}", buf.item().unwrap());
+    assert_eq!(step.item().unwrap(), 1.0);
+    // The next step blends, at the learning rate now on the device (0.4 · 0.5).
+    lr.copy_from_f64s(&[0.4]).unwrap();
+    let before = p.item().unwrap();
+    optim::sgd(&[&p], &[&g], &[&buf], &step, &lr, &hp, None).unwrap();
+    let d = 0.5 + 0.01 * before;
+    let b = 0.9 * 0.51 + 0.5 * d;
+    assert!(close(buf.item().unwrap(), b));
+    assert!(close(p.item().unwrap(), before - 0.2 * (d + 0.9 * b)));
 }
 
 #[test]
@@ -55,21 +82,43 @@ fn adamw_follows_pytorch_and_counts_only_applied_steps() {
         t(&[0.0], &[1], &dev),
         t(&[0.0], &[1], &dev),
     );
+    let lr = t(&[0.02], &[1], &dev);
     let hp = AdamWParams {
-        lr: 0.01,
+        lr_scale: 0.5,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: 0.01,
     };
-    optim::adamw(&[&p], &[&g], &[&m], &[&v], &step, &hp, None).unwrap();
-    // p ← p(1 - lr·wd) - lr/(1-β1) · m / (√v/√(1-β2) + eps) with m = 0.05, v = 0.00025.
+    optim::adamw(&[&p], &[&g], &[&m], &[&v], &step, &lr, &hp, None).unwrap();
+    // p ← p(1 - lr·wd) - lr/(1-β1) · m / (√v/√(1-β2) + eps) with lr = 0.01, m = 0.05,
+    // v = 0.00025.
     let want = 0.9999 - 0.01 / 0.1 * 0.05 / ((0.00025f64).sqrt() / (0.001f64).sqrt() + 1e-8);
     assert!(close(p.item().unwrap(), want), "{}", p.item().unwrap());
     assert_eq!(step.item().unwrap(), 1.0);
     let overflow = t(&[1.0], &[1], &dev);
-    optim::adamw(&[&p], &[&g], &[&m], &[&v], &step, &hp, Some(&overflow)).unwrap();
+    optim::adamw(&[&p], &[&g], &[&m], &[&v], &step, &lr, &hp, Some(&overflow)).unwrap();
     assert_eq!(step.item().unwrap(), 1.0, "a skipped step is not counted");
+}
+
+#[test]
+fn a_host_write_keeps_the_storage_and_refuses_a_wrong_length_or_a_view() {
+    let dev = Device::reference();
+    let x = t(&[1.0, 2.0, 3.0], &[3], &dev);
+    let storage = std::sync::Arc::as_ptr(x.storage());
+    x.copy_from_f64s(&[4.0, 5.0, 6.0]).unwrap();
+    assert_eq!(x.to_f64_vec().unwrap(), [4.0, 5.0, 6.0]);
+    assert!(std::ptr::eq(storage, std::sync::Arc::as_ptr(x.storage())));
+    let err = x.copy_from_f64s(&[1.0, 2.0]).unwrap_err().to_string();
+    assert!(err.contains("16 bytes") && err.contains("3 f64"), "{err}");
+    let view = x.narrow(0, 1, 2).unwrap();
+    let err = view.copy_from_f64s(&[1.0, 2.0]).unwrap_err().to_string();
+    assert!(err.contains("view"), "{err}");
+    assert_eq!(
+        x.to_f64_vec().unwrap(),
+        [4.0, 5.0, 6.0],
+        "nothing was written"
+    );
 }
 
 #[test]

@@ -80,6 +80,9 @@ impl Backend for Broken {
     fn upload(&self, dtype: DType, bytes: HostBytes) -> Result<Storage> {
         self.inner.upload(dtype, bytes)
     }
+    fn upload_into(&self, dst: &Storage, bytes: HostBytes) -> Result<()> {
+        self.inner.upload_into(dst, bytes)
+    }
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
         self.inner.download(x)
     }
@@ -277,10 +280,13 @@ impl Backend for Broken {
         params: &[&Storage],
         grads: &[&Storage],
         momentum: &[&Storage],
+        step: &Storage,
+        lr: &Storage,
         p: &SgdParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
-        self.inner.sgd(params, grads, momentum, p, found_inf)
+        self.inner
+            .sgd(params, grads, momentum, step, lr, p, found_inf)
     }
     fn adamw(
         &self,
@@ -289,11 +295,12 @@ impl Backend for Broken {
         exp_avg: &[&Storage],
         exp_avg_sq: &[&Storage],
         step: &Storage,
+        lr: &Storage,
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
         self.inner
-            .adamw(params, grads, exp_avg, exp_avg_sq, step, p, found_inf)
+            .adamw(params, grads, exp_avg, exp_avg_sq, step, lr, p, found_inf)
     }
     fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
         self.inner.sum_squares(tensors)

@@ -293,34 +293,33 @@ impl Case {
         let updated: Vec<Tensor> = match op {
             OptimOp::Sgd => {
                 let p = SgdParams {
-                    lr: 0.1,
+                    lr_scale: 0.5,
                     momentum: 0.9,
-                    dampening: 0.0,
+                    dampening: 0.25,
                     weight_decay: 0.01,
                     nesterov: true,
-                    first_step: false,
                 };
-                optim::sgd(
-                    &[&fresh[0]],
-                    &[&fresh[1]],
-                    &[&fresh[2]],
-                    &p,
-                    Some(&found_inf),
-                )?;
-                vec![fresh[0].clone(), fresh[2].clone()]
+                // Two updates from step 0: the first fills the buffer with the gradient, the
+                // second blends; the learning rate (a device scalar) changes between them.
+                let (step, lr) = (scalar(0.0)?, scalar(0.2)?);
+                let (params, grads, bufs) = ([&fresh[0]], [&fresh[1]], [&fresh[2]]);
+                optim::sgd(&params, &grads, &bufs, &step, &lr, &p, Some(&found_inf))?;
+                lr.copy_from_f64s(&[0.1])?;
+                optim::sgd(&params, &grads, &bufs, &step, &lr, &p, Some(&found_inf))?;
+                vec![fresh[0].clone(), fresh[2].clone(), step]
             }
             OptimOp::AdamW => {
                 let p = AdamWParams {
-                    lr: 0.01,
+                    lr_scale: 0.5,
                     beta1: 0.9,
                     beta2: 0.999,
                     eps: 1e-8,
                     weight_decay: 0.01,
                 };
-                let step = scalar(3.0)?;
+                let (step, lr) = (scalar(3.0)?, scalar(0.02)?);
                 let (params, grads) = ([&fresh[0]], [&fresh[1]]);
                 let (m, v) = ([&fresh[2]], [&fresh[3]]);
-                optim::adamw(&params, &grads, &m, &v, &step, &p, Some(&found_inf))?;
+                optim::adamw(&params, &grads, &m, &v, &step, &lr, &p, Some(&found_inf))?;
                 vec![fresh[0].clone(), fresh[2].clone(), fresh[3].clone(), step]
             }
             OptimOp::UnscaleCheck => {

@@ -538,6 +538,10 @@ impl Backend for OpProfile {
     fn upload(&self, dtype: DType, bytes: HostBytes) -> Result<Storage> {
         self.timed(Transfer, || "upload".into(), 0, |b| b.upload(dtype, bytes))
     }
+    fn upload_into(&self, dst: &Storage, bytes: HostBytes) -> Result<()> {
+        let f = |b: &dyn Backend| b.upload_into(dst, bytes);
+        self.timed(Transfer, || "upload_into".into(), 0, f)
+    }
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
         self.timed(Blocking, || "download".into(), 0, |b| b.download(x))
     }
@@ -789,11 +793,13 @@ impl Backend for OpProfile {
         params: &[&Storage],
         grads: &[&Storage],
         momentum: &[&Storage],
+        step: &Storage,
+        lr: &Storage,
         p: &SgdParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
-        let f = |b: &dyn Backend| b.sgd(params, grads, momentum, p, found_inf);
-        self.timed(Optimizer, || "sgd".into(), 0, f)
+        let f = |b: &dyn Backend| b.sgd(params, grads, momentum, step, lr, p, found_inf);
+        self.timed(Optimizer, || format!("sgd {p:?}"), 0, f)
     }
     fn adamw(
         &self,
@@ -802,11 +808,13 @@ impl Backend for OpProfile {
         exp_avg: &[&Storage],
         exp_avg_sq: &[&Storage],
         step: &Storage,
+        lr: &Storage,
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
-        let f = |b: &dyn Backend| b.adamw(params, grads, exp_avg, exp_avg_sq, step, p, found_inf);
-        self.timed(Optimizer, || "adamw".into(), 0, f)
+        let f =
+            |b: &dyn Backend| b.adamw(params, grads, exp_avg, exp_avg_sq, step, lr, p, found_inf);
+        self.timed(Optimizer, || format!("adamw {p:?}"), 0, f)
     }
     fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
         self.timed(

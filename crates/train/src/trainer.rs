@@ -246,9 +246,10 @@ impl Trainer {
     }
 
     /// Unscale, clip, step (skipped on the device on overflow), update the scale, clear the
-    /// gradients. Nothing here waits for the device.
+    /// gradients. Nothing here waits for the device. The learning rate is written to its device
+    /// scalar first; everything after issues the same launches every step (capturable).
     pub fn update(&mut self) -> Result<()> {
-        let lr = self.lr();
+        self.optimizer.set_lr(self.lr())?;
         let found_inf = match &mut self.scaler {
             Some(s) => Some(s.step_flag(&self.params)?.clone()),
             None => None,
@@ -256,7 +257,7 @@ impl Trainer {
         if let Some(max_norm) = self.config.clip_norm {
             clip_grad_norm(&self.params, max_norm)?;
         }
-        self.optimizer.step(lr, found_inf.as_ref())?;
+        self.optimizer.update(found_inf.as_ref())?;
         if let Some(s) = &mut self.scaler {
             s.update()?;
         }

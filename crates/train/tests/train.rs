@@ -14,6 +14,7 @@ use redline_nn::{
 };
 use redline_shard::ShardSet;
 use redline_tensor::{DType, Device, Pool2dParams, Tensor};
+use redline_train::profile::OpProfile;
 use redline_train::{Phase, Precision, TrainConfig, Trainer};
 
 const CLASSES: usize = 4;
@@ -213,10 +214,45 @@ fn resumable_loader(set: &Arc<ShardSet>, at: redline_loader::Position) -> Loader
     Loader::new(set.clone(), Config::new(8, RES, true), at).expect("loader")
 }
 
+/// What a CUDA graph replay needs of the update phase: whatever the learning rate (a one-cycle
+/// schedule changes it every step) and whether a step was skipped, every step issues the same
+/// optimizer launches with the same baked-in arguments (the op profile's labels carry them), and
+/// the rate reaches the device as one write into the scalar the launches read.
+#[test]
+fn every_step_issues_the_same_optimizer_launches_whatever_the_learning_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 48);
+    for sgd in [false, true] {
+        let (device, profile) = OpProfile::wrap(CpuBackend::device(), true);
+        let steps = 5;
+        let mut trainer = overflowing_trainer(&device, steps, sgd);
+        let mut batches = resumable_loader(&train, Default::default());
+        let mut rates = Vec::new();
+        for _ in 0..steps {
+            rates.push(trainer.lr());
+            trainer.train_step(&mut batches).unwrap();
+        }
+        rates.dedup();
+        assert_eq!(rates.len(), steps, "the schedule moved every step");
+        let scale = trainer.scaler().unwrap().state()[0].1.item().unwrap();
+        assert!(scale < (1u64 << 20) as f64, "and a step was skipped");
+        let rows = profile.rows();
+        let name = if sgd { "sgd " } else { "adamw " };
+        let updates: Vec<_> = rows.iter().filter(|r| r.label.starts_with(name)).collect();
+        // Two parameter groups (decayed and not): two launch signatures, each once a step.
+        assert_eq!(updates.len(), 2, "{updates:#?}");
+        assert!(
+            updates.iter().all(|r| r.calls == steps as u64),
+            "{updates:#?}"
+        );
+        let writes = rows.iter().find(|r| r.label == "upload_into");
+        assert_eq!(writes.map(|r| r.calls), Some(steps as u64), "{rows:#?}");
+    }
+}
+
 #[test]
 fn resuming_mid_epoch_after_skipped_steps_equals_the_uninterrupted_run_bit_for_bit() {
-    // AdamW (device step counts) and SGD with Nesterov momentum (whose "buffers filled" flag
-    // lives on the host).
+    // AdamW and SGD with Nesterov momentum (both count their applied steps on the device).
     for sgd in [false, true] {
         resume_case(sgd);
     }

@@ -453,15 +453,31 @@ impl Context {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         self.submit(&mut pending)?;
         let buffer = self.alloc(bytes.len() as u64);
+        self.write_padded(buffer.buffer(), bytes);
+        Ok(buffer)
+    }
+
+    /// Overwrites the start of `buffer` with `bytes`, after everything encoded so far (which is
+    /// submitted first, for the reason `upload` gives): ops encoded before read the old values,
+    /// ops encoded after the new ones. The host bytes are copied before this returns.
+    pub(crate) fn write(&self, buffer: &wgpu::Buffer, bytes: &[u8]) -> Result<()> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        self.submit(&mut pending)?;
+        self.write_padded(buffer, bytes);
+        Ok(())
+    }
+
+    /// `write_buffer` in whole 4-byte words (its rule); buffers are allocated in whole words,
+    /// so a padded tail stays inside the buffer.
+    fn write_padded(&self, buffer: &wgpu::Buffer, bytes: &[u8]) {
         let padded = bytes.len().div_ceil(4) * 4;
         if padded == bytes.len() {
-            self.queue.write_buffer(buffer.buffer(), 0, bytes);
+            self.queue.write_buffer(buffer, 0, bytes);
         } else {
             let mut copy = bytes.to_vec();
             copy.resize(padded, 0);
-            self.queue.write_buffer(buffer.buffer(), 0, &copy);
+            self.queue.write_buffer(buffer, 0, &copy);
         }
-        Ok(buffer)
     }
 
     /// Starts reading `bytes` bytes from the start of `buffer`: the copy into a read-back buffer

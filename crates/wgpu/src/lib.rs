@@ -228,6 +228,22 @@ impl WgpuBackend {
         };
         self.binary(BinaryOp::ReluGrad, value, y, out).map(Some)
     }
+
+    /// Counts an optimizer step (unless `found`) and hands the update its device scalars.
+    fn step_scalars<'a>(
+        &'a self,
+        step: &'a Storage,
+        lr: &'a Storage,
+        found: &wgpu::Buffer,
+    ) -> Result<kernels::optim::StepScalars<'a>> {
+        let step_buffer = self.buffer(step)?;
+        kernels::optim::count_step(&self.ctx, step.dtype(), step_buffer, found)?;
+        Ok(kernels::optim::StepScalars {
+            step: step_buffer,
+            lr: self.buffer(lr)?,
+            lr_dtype: lr.dtype(),
+        })
+    }
 }
 
 /// Row `r` of a contiguous `[rows, C]` coefficient tensor, broadcast over `shape` along axis 1.
@@ -287,6 +303,11 @@ impl Backend for WgpuBackend {
         // `write_buffer` has copied the bytes: a pooled host buffer goes back to its pool here.
         drop(bytes);
         Ok(self.wrap(buffer, dtype, len))
+    }
+
+    fn upload_into(&self, dst: &Storage, bytes: HostBytes) -> Result<()> {
+        redline_tensor::backend::check_upload_into(self.name(), dst, &bytes)?;
+        self.ctx.write(self.buffer(dst)?, &bytes)
     }
 
     fn download(&self, x: View<'_>) -> Result<Vec<u8>> {
@@ -591,6 +612,8 @@ impl Backend for WgpuBackend {
         params: &[&Storage],
         grads: &[&Storage],
         momentum: &[&Storage],
+        step: &Storage,
+        lr: &Storage,
         p: &SgdParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
@@ -599,13 +622,15 @@ impl Backend for WgpuBackend {
         };
         let zero = self.fill(first.dtype(), 1, 0.0)?;
         let found = self.buffer(found_inf.unwrap_or(&zero))?;
+        let at = self.step_scalars(step, lr, found)?;
         for (i, param) in params.iter().enumerate() {
             let m = match momentum.get(i) {
                 Some(m) if p.momentum != 0.0 => Some(self.buffer(m)?),
                 _ => None,
             };
             let (pb, gb) = (self.buffer(param)?, self.buffer(grads[i])?);
-            kernels::optim::sgd(&self.ctx, param.dtype(), pb, gb, m, found, param.len(), p)?;
+            let dtype = param.dtype();
+            kernels::optim::sgd(&self.ctx, dtype, pb, gb, m, found, &at, param.len(), p)?;
         }
         Ok(())
     }
@@ -617,6 +642,7 @@ impl Backend for WgpuBackend {
         exp_avg: &[&Storage],
         exp_avg_sq: &[&Storage],
         step: &Storage,
+        lr: &Storage,
         p: &AdamWParams,
         found_inf: Option<&Storage>,
     ) -> Result<()> {
@@ -625,8 +651,7 @@ impl Backend for WgpuBackend {
         };
         let zero = self.fill(first.dtype(), 1, 0.0)?;
         let found = self.buffer(found_inf.unwrap_or(&zero))?;
-        let step_buffer = self.buffer(step)?;
-        kernels::optim::count_step(&self.ctx, step.dtype(), step_buffer, found)?;
+        let at = self.step_scalars(step, lr, found)?;
         for (i, param) in params.iter().enumerate() {
             let buffers = (
                 self.buffer(param)?,
@@ -641,7 +666,7 @@ impl Backend for WgpuBackend {
                 buffers.1,
                 buffers.2,
                 buffers.3,
-                step_buffer,
+                &at,
                 found,
                 param.len(),
                 p,

@@ -42,8 +42,23 @@ fn each(len: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
     parallel::for_parts(len, parallel::parts_for(len, MIN_PER_PART), |_, r| f(r));
 }
 
+/// What an optimizer step reads from its device scalars: the learning rate (times the group's
+/// scale) and the applied-step count after this step.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rate {
+    pub lr: f64,
+    pub step: f64,
+}
+
 /// One SGD step of one parameter (see `Backend::sgd`); `momentum` is None without momentum.
-pub(crate) fn sgd(param: &mut Data, grad: &Data, momentum: Option<&mut Data>, p: &SgdParams) {
+pub(crate) fn sgd(
+    param: &mut Data,
+    grad: &Data,
+    momentum: Option<&mut Data>,
+    at: Rate,
+    p: &SgdParams,
+) {
+    let (lr, first) = (at.lr, at.step == 1.0);
     with_compute!(param.dtype(), C => {
         let g = as_compute::<C>(grad);
         with_values::<C, _>(param, |w| {
@@ -55,7 +70,7 @@ pub(crate) fn sgd(param: &mut Data, grad: &Data, momentum: Option<&mut Data>, p:
                         // SAFETY: parts own disjoint ranges.
                         let (w, m) = unsafe { (ws.slice(r.clone()), ms.slice(r.clone())) };
                         for ((w, m), &g) in w.iter_mut().zip(m).zip(&g[r]) {
-                            let (nw, nm) = scalar::sgd(w.to_f64(), g.to_f64(), m.to_f64(), p);
+                            let (nw, nm) = scalar::sgd(w.to_f64(), g.to_f64(), m.to_f64(), lr, first, p);
                             (*w, *m) = (C::c(nw), C::c(nm));
                         }
                     });
@@ -64,7 +79,7 @@ pub(crate) fn sgd(param: &mut Data, grad: &Data, momentum: Option<&mut Data>, p:
                     // SAFETY: parts own disjoint ranges.
                     let w = unsafe { ws.slice(r.clone()) };
                     for (w, &g) in w.iter_mut().zip(&g[r]) {
-                        *w = C::c(scalar::sgd(w.to_f64(), g.to_f64(), 0.0, p).0);
+                        *w = C::c(scalar::sgd(w.to_f64(), g.to_f64(), 0.0, lr, first, p).0);
                     }
                 }),
             }
@@ -72,13 +87,13 @@ pub(crate) fn sgd(param: &mut Data, grad: &Data, momentum: Option<&mut Data>, p:
     })
 }
 
-/// One AdamW step of one parameter at the (already incremented) `step`.
+/// One AdamW step of one parameter at the (already incremented) step count of `at`.
 pub(crate) fn adamw(
     param: &mut Data,
     grad: &Data,
     exp_avg: &mut Data,
     exp_avg_sq: &mut Data,
-    step: f64,
+    at: Rate,
     p: &AdamWParams,
 ) {
     with_compute!(param.dtype(), C => {
@@ -98,7 +113,8 @@ pub(crate) fn adamw(
                                 g.to_f64(),
                                 m.to_f64(),
                                 v.to_f64(),
-                                step,
+                                at.step,
+                                at.lr,
                                 p,
                             );
                             (*w, *m, *v) = (C::c(nw), C::c(nm), C::c(nv));

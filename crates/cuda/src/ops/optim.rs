@@ -79,24 +79,40 @@ fn per_list(
     Ok(())
 }
 
+/// The step count first, in its own launch: every block of the update then reads the new value.
+fn count_step(gpu: &dyn Gpu, step: Scalar, found_inf: Option<Scalar>) -> Result<()> {
+    let args = flag(flag(KernelArgs::new(), Some(step)), found_inf);
+    gpu.launch("count_step", LaunchShape::linear(1, 32), &args)
+}
+
+/// What an update reads on the device: its step count and learning rate.
+#[derive(Debug, Clone, Copy)]
+pub struct StepScalars {
+    pub step: Scalar,
+    pub lr: Scalar,
+}
+
 pub fn sgd(
     gpu: &dyn Gpu,
     dtype: DType,
     slots: &[Slot],
+    at: StepScalars,
     p: &SgdParams,
     found_inf: Option<Scalar>,
 ) -> Result<()> {
+    count_step(gpu, at.step, found_inf)?;
     let kernel = kernels::optim("sgd", dtype);
-    // SgdArgs: four doubles, then four i32 (nesterov, first_step, two unused), one parameter.
-    let mut sgd_args: Vec<u8> = [p.lr, p.momentum, p.dampening, p.weight_decay]
+    // SgdArgs: four doubles, then four i32 (nesterov, three unused), one parameter.
+    let mut sgd_args: Vec<u8> = [p.lr_scale, p.momentum, p.dampening, p.weight_decay]
         .iter()
         .flat_map(|v| v.to_ne_bytes())
         .collect();
-    for v in [p.nesterov as i32, p.first_step as i32, 0, 0] {
+    for v in [p.nesterov as i32, 0, 0, 0] {
         sgd_args.extend(v.to_ne_bytes());
     }
     per_list(gpu, &kernel, slots, |args| {
-        flag(args.bytes(&sgd_args), found_inf)
+        let args = flag(flag(args.bytes(&sgd_args), Some(at.step)), Some(at.lr));
+        flag(args, found_inf)
     })
 }
 
@@ -104,17 +120,15 @@ pub fn adamw(
     gpu: &dyn Gpu,
     dtype: DType,
     slots: &[Slot],
-    step: Scalar,
+    at: StepScalars,
     p: &AdamWParams,
     found_inf: Option<Scalar>,
 ) -> Result<()> {
-    // The count first, in its own launch: every block of the update then reads the new value.
-    let args = flag(flag(KernelArgs::new(), Some(step)), found_inf);
-    gpu.launch("adamw_step", LaunchShape::linear(1, 32), &args)?;
+    count_step(gpu, at.step, found_inf)?;
     let kernel = kernels::optim("adamw", dtype);
     per_list(gpu, &kernel, slots, |args| {
-        let args = doubles(args, &[p.lr, p.beta1, p.beta2, p.eps, p.weight_decay]);
-        flag(flag(args, Some(step)), found_inf)
+        let args = doubles(args, &[p.lr_scale, p.beta1, p.beta2, p.eps, p.weight_decay]);
+        flag(flag(flag(args, Some(at.step)), Some(at.lr)), found_inf)
     })
 }
 

@@ -4,7 +4,7 @@
 use redline_tensor::optim::adamw;
 use redline_tensor::{AdamWParams, Result, Tensor};
 
-use super::{with_grads, zeros_like, ParamGroup};
+use super::{named_steps, step_counts, with_grads, zeros_like, DeviceLr, ParamGroup};
 
 pub struct AdamW {
     pub groups: Vec<ParamGroup>,
@@ -15,33 +15,29 @@ pub struct AdamW {
     exp_avg_sq: Vec<Vec<Tensor>>,
     /// One-element step counts, one per group (none for an empty group), on the device.
     steps: Vec<Option<Tensor>>,
+    pub(super) lr: DeviceLr,
 }
 
 impl AdamW {
     pub fn new(groups: Vec<ParamGroup>, beta1: f64, beta2: f64, eps: f64) -> Result<Self> {
-        let steps = groups
-            .iter()
-            .map(|g| {
-                g.params
-                    .first()
-                    .map(|p| Tensor::zeros(&[1], p.dtype(), p.device()))
-                    .transpose()
-            })
-            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
+            steps: step_counts(&groups)?,
+            lr: DeviceLr::new(&groups)?,
             exp_avg: zeros_like(&groups)?,
             exp_avg_sq: zeros_like(&groups)?,
             groups,
             beta1,
             beta2,
             eps,
-            steps,
         })
     }
 
-    /// One step at learning rate `lr` (times each group's `lr_scale`), skipped on the device
-    /// when `found_inf` is set (moments and step counts unchanged).
-    pub fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+    /// One update at the device learning rate (times each group's `lr_scale`), skipped on the
+    /// device when `found_inf` is set (moments and step counts unchanged).
+    pub fn update(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        let Some(lr) = self.lr.read()? else {
+            return Ok(());
+        };
         for (((group, m), v), step) in self
             .groups
             .iter()
@@ -52,7 +48,7 @@ impl AdamW {
             let Some(step) = step else { continue };
             let (indices, grads) = with_grads(group)?;
             let p = AdamWParams {
-                lr: lr * group.lr_scale,
+                lr_scale: group.lr_scale,
                 beta1: self.beta1,
                 beta2: self.beta2,
                 eps: self.eps,
@@ -64,6 +60,7 @@ impl AdamW {
                 &pick(m, &indices),
                 &pick(v, &indices),
                 step,
+                lr,
                 &p,
                 found_inf,
             )?;
@@ -83,11 +80,7 @@ impl AdamW {
                 out.push((format!("exp_avg_sq.{g}.{i}"), v.clone()));
             }
         }
-        for (g, s) in self.steps.iter().enumerate() {
-            if let Some(s) = s {
-                out.push((format!("step.{g}"), s.clone()));
-            }
-        }
+        out.extend(named_steps(&self.steps));
         out
     }
 }

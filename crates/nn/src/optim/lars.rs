@@ -11,7 +11,7 @@
 use redline_tensor::optim::sgd;
 use redline_tensor::{no_grad, Result, SgdParams, Tensor};
 
-use super::{with_grads, zeros_like, ParamGroup};
+use super::{named_steps, step_counts, with_grads, zeros_like, DeviceLr, ParamGroup};
 
 pub struct Lars {
     pub groups: Vec<ParamGroup>,
@@ -21,26 +21,33 @@ pub struct Lars {
     pub trust_coefficient: f64,
     pub eps: f64,
     buffers: Vec<Vec<Tensor>>,
-    started: bool,
+    /// Applied steps per group, on the device (see `Sgd`).
+    steps: Vec<Option<Tensor>>,
+    pub(super) lr: DeviceLr,
 }
 
 impl Lars {
     pub fn new(groups: Vec<ParamGroup>, momentum: f64, nesterov: bool) -> Result<Self> {
         Ok(Self {
             buffers: zeros_like(&groups)?,
+            steps: step_counts(&groups)?,
+            lr: DeviceLr::new(&groups)?,
             groups,
             momentum,
             nesterov,
             trust_coefficient: 0.001,
             eps: 1e-8,
-            started: false,
         })
     }
 
-    /// One step at learning rate `lr` (times each group's `lr_scale`), skipped on the device
-    /// when `found_inf` is set.
-    pub fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
-        for (group, buffers) in self.groups.iter().zip(&self.buffers) {
+    /// One update at the device learning rate (times each group's `lr_scale`), skipped on the
+    /// device when `found_inf` is set.
+    pub fn update(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        let Some(lr) = self.lr.read()? else {
+            return Ok(());
+        };
+        for ((group, buffers), step) in self.groups.iter().zip(&self.buffers).zip(&self.steps) {
+            let Some(step) = step else { continue };
             let (indices, grads) = with_grads(group)?;
             let wd = group.weight_decay;
             let scaled: Vec<Tensor> = if wd == 0.0 {
@@ -55,12 +62,11 @@ impl Lars {
                 })?
             };
             let p = SgdParams {
-                lr: lr * group.lr_scale,
+                lr_scale: group.lr_scale,
                 momentum: self.momentum,
                 dampening: 0.0,
                 weight_decay: 0.0,
                 nesterov: self.nesterov,
-                first_step: !self.started,
             };
             sgd(
                 &indices
@@ -69,11 +75,12 @@ impl Lars {
                     .collect::<Vec<_>>(),
                 &scaled.iter().collect::<Vec<_>>(),
                 &indices.iter().map(|&i| &buffers[i]).collect::<Vec<_>>(),
+                step,
+                lr,
                 &p,
                 found_inf,
             )?;
         }
-        self.started = true;
         Ok(())
     }
 
@@ -91,13 +98,13 @@ impl Lars {
         d.mul(&ratio)?.contiguous_copy()
     }
 
-    /// Whether the momentum buffers are filled is host state: restored from the step count.
-    pub fn state_loaded(&mut self, steps_taken: u64) {
-        self.started = steps_taken > 0;
-    }
+    /// Nothing to restore: the step counts are device state, in `state()`.
+    pub fn state_loaded(&mut self, _steps_taken: u64) {}
 
-    /// The momentum buffers, named `group.index` (for checkpoints).
+    /// The momentum buffers, named `group.index`, and the step counts (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        super::named_buffers("momentum_buffer", &self.buffers)
+        let mut out = super::named_buffers("momentum_buffer", &self.buffers);
+        out.extend(named_steps(&self.steps));
+        out
     }
 }

@@ -3,8 +3,14 @@
 //! [`crate::schedule`].
 //!
 //! Every step takes an optional device `found_inf` flag (GradScaler's): when it is set the
-//! whole update is skipped on the device, moments and AdamW's step count included, so a
-//! training step needs no host synchronisation (DESIGN contract 8).
+//! whole update is skipped on the device, moments and step counts included, so a training step
+//! needs no host synchronisation (DESIGN contract 8).
+//!
+//! What changes from step to step lives on the device at a fixed address: the learning rate
+//! ([`Optimizer::set_lr`] writes it, outside the step) and each group's count of applied steps
+//! (the update increments it). [`Optimizer::update`] therefore issues the same launches with
+//! the same arguments every step, which is what replaying a captured CUDA graph needs (as
+//! PyTorch's `capturable` optimizers keep `lr` and `step` in device tensors).
 
 mod adamw;
 mod clip;
@@ -18,15 +24,23 @@ pub use ema::Ema;
 pub use lars::Lars;
 pub use sgd::Sgd;
 
-use redline_tensor::{Result, Tensor};
+use redline_tensor::{stats_dtype, Result, Tensor, TensorError};
 
 use crate::module::{named_parameters, Module};
 
 /// What a trainer needs of any optimizer here.
 pub trait Optimizer: Send {
-    /// One step at `lr` (times each group's `lr_scale`), skipped on the device when
-    /// `found_inf` is set.
-    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()>;
+    /// Sets the learning rate the next updates read (each group's `lr_scale` applies on top):
+    /// a copy into the device scalar, only when the value changed. Outside a captured step.
+    fn set_lr(&mut self, lr: f64) -> Result<()>;
+    /// One update at the device learning rate, skipped on the device when `found_inf` is set:
+    /// the same launches with the same arguments every step.
+    fn update(&mut self, found_inf: Option<&Tensor>) -> Result<()>;
+    /// [`set_lr`](Self::set_lr) then [`update`](Self::update).
+    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+        self.set_lr(lr)?;
+        self.update(found_inf)
+    }
     fn groups(&self) -> &[ParamGroup];
     /// Named state tensors (moments, step counts), for checkpoints and tests.
     fn state(&self) -> Vec<(String, Tensor)>;
@@ -37,9 +51,18 @@ pub trait Optimizer: Send {
 
 macro_rules! optimizer {
     ($($t:ty),*) => {$(
+        impl $t {
+            /// [`Optimizer::step`], callable without the trait in scope.
+            pub fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+                Optimizer::step(self, lr, found_inf)
+            }
+        }
         impl Optimizer for $t {
-            fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
-                <$t>::step(self, lr, found_inf)
+            fn set_lr(&mut self, lr: f64) -> Result<()> {
+                self.lr.set(lr)
+            }
+            fn update(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+                <$t>::update(self, found_inf)
             }
             fn groups(&self) -> &[ParamGroup] {
                 &self.groups
@@ -100,6 +123,70 @@ fn with_grads(group: &ParamGroup) -> Result<(Vec<usize>, Vec<Tensor>)> {
         indices.push(i);
     }
     Ok((indices, grads))
+}
+
+/// The learning rate the update kernels read: a one-element device tensor of the parameters'
+/// statistics dtype (f32 for f32 and half parameters), written from the host when it changes.
+struct DeviceLr {
+    /// None when no group has a parameter (nothing to update, no device to hold it).
+    value: Option<Tensor>,
+    written: Option<f64>,
+}
+
+impl DeviceLr {
+    fn new(groups: &[ParamGroup]) -> Result<Self> {
+        let first = groups.iter().find_map(|g| g.params.first());
+        let value = first
+            .map(|p| Tensor::zeros(&[1], stats_dtype(p.dtype()), p.device()))
+            .transpose()?;
+        Ok(Self {
+            value,
+            written: None,
+        })
+    }
+
+    fn set(&mut self, lr: f64) -> Result<()> {
+        let Some(t) = &self.value else {
+            return Ok(());
+        };
+        if self.written != Some(lr) {
+            t.copy_from_f64s(&[lr])?;
+            self.written = Some(lr);
+        }
+        Ok(())
+    }
+
+    /// The tensor to hand the update op, or an error before the first [`DeviceLr::set`]: an
+    /// update at a learning rate of 0 would silently do nothing.
+    fn read(&self) -> Result<Option<&Tensor>> {
+        match (&self.value, self.written) {
+            (Some(_), None) => Err(TensorError::Usage(
+                "optimizer update before any learning rate was set (call set_lr or step)".into(),
+            )),
+            (value, _) => Ok(value.as_ref()),
+        }
+    }
+}
+
+/// One-element step counts, one per group (none for an empty group), on the device: the
+/// update ops count only applied steps.
+fn step_counts(groups: &[ParamGroup]) -> Result<Vec<Option<Tensor>>> {
+    groups
+        .iter()
+        .map(|g| {
+            g.params
+                .first()
+                .map(|p| Tensor::zeros(&[1], p.dtype(), p.device()))
+                .transpose()
+        })
+        .collect()
+}
+
+/// The step counts of [`step_counts`], named `step.group` (for checkpoints).
+fn named_steps(steps: &[Option<Tensor>]) -> Vec<(String, Tensor)> {
+    (steps.iter().enumerate())
+        .filter_map(|(g, s)| s.as_ref().map(|s| (format!("step.{g}"), s.clone())))
+        .collect()
 }
 
 /// Zeros shaped like every parameter of every group (moment buffers).

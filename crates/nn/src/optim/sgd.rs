@@ -3,7 +3,7 @@
 use redline_tensor::optim::sgd;
 use redline_tensor::{Result, SgdParams, Tensor};
 
-use super::{with_grads, zeros_like, ParamGroup};
+use super::{named_steps, step_counts, with_grads, zeros_like, DeviceLr, ParamGroup};
 
 pub struct Sgd {
     pub groups: Vec<ParamGroup>,
@@ -12,10 +12,11 @@ pub struct Sgd {
     pub nesterov: bool,
     /// Momentum buffers, per group and parameter (empty without momentum).
     buffers: Vec<Vec<Tensor>>,
-    /// Whether a step has been issued. PyTorch fills a buffer with its first gradient,
-    /// undampened; a first step skipped by `found_inf` leaves zero buffers, which the next
-    /// step treats as filled — the same values unless `dampening` is non-zero.
-    started: bool,
+    /// Applied steps per group, on the device. PyTorch fills a buffer with its first gradient,
+    /// undampened; counting on the device makes that the first *applied* step, so a first step
+    /// skipped by `found_inf` changes nothing, as in PyTorch.
+    steps: Vec<Option<Tensor>>,
+    pub(super) lr: DeviceLr,
 }
 
 impl Sgd {
@@ -31,19 +32,24 @@ impl Sgd {
             groups.iter().map(|_| Vec::new()).collect()
         };
         Ok(Self {
+            steps: step_counts(&groups)?,
+            lr: DeviceLr::new(&groups)?,
             groups,
             momentum,
             dampening,
             nesterov,
             buffers,
-            started: false,
         })
     }
 
-    /// One step at learning rate `lr` (times each group's `lr_scale`), skipped on the device
-    /// when `found_inf` is set.
-    pub fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
-        for (group, buffers) in self.groups.iter().zip(&self.buffers) {
+    /// One update at the device learning rate (times each group's `lr_scale`), skipped on the
+    /// device when `found_inf` is set.
+    pub fn update(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        let Some(lr) = self.lr.read()? else {
+            return Ok(());
+        };
+        for ((group, buffers), step) in self.groups.iter().zip(&self.buffers).zip(&self.steps) {
+            let Some(step) = step else { continue };
             let (indices, grads) = with_grads(group)?;
             let params: Vec<&Tensor> = indices.iter().map(|&i| &group.params[i]).collect();
             let momentum: Vec<&Tensor> = if buffers.is_empty() {
@@ -52,32 +58,25 @@ impl Sgd {
                 indices.iter().map(|&i| &buffers[i]).collect()
             };
             let p = SgdParams {
-                lr: lr * group.lr_scale,
+                lr_scale: group.lr_scale,
                 momentum: self.momentum,
                 dampening: self.dampening,
                 weight_decay: group.weight_decay,
                 nesterov: self.nesterov,
-                first_step: !self.started,
             };
-            sgd(
-                &params,
-                &grads.iter().collect::<Vec<_>>(),
-                &momentum,
-                &p,
-                found_inf,
-            )?;
+            let grads: Vec<&Tensor> = grads.iter().collect();
+            sgd(&params, &grads, &momentum, step, lr, &p, found_inf)?;
         }
-        self.started = true;
         Ok(())
     }
 
-    /// Whether the momentum buffers are filled is host state: restored from the step count.
-    pub fn state_loaded(&mut self, steps_taken: u64) {
-        self.started = steps_taken > 0;
-    }
+    /// Nothing to restore: the step counts are device state, in `state()`.
+    pub fn state_loaded(&mut self, _steps_taken: u64) {}
 
-    /// The momentum buffers, named `group.index` (for checkpoints).
+    /// The momentum buffers, named `group.index`, and the step counts (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        super::named_buffers("momentum_buffer", &self.buffers)
+        let mut out = super::named_buffers("momentum_buffer", &self.buffers);
+        out.extend(named_steps(&self.steps));
+        out
     }
 }

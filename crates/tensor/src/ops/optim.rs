@@ -59,11 +59,17 @@ fn flag<'a>(op: OptimOp, name: &str, t: &'a Tensor) -> Result<&'a Storage> {
     Ok(t.storage())
 }
 
-/// PyTorch's SGD step on every parameter, skipped entirely when `found_inf` is non-zero.
+/// PyTorch's SGD step on every parameter at learning rate `lr[0] · p.lr_scale`, skipped
+/// entirely when `found_inf` is non-zero. `step` counts the applied steps (the momentum
+/// buffers are filled with the gradient on the first); `step` and `lr` are one-element device
+/// tensors, so nothing that changes between steps is baked into the launch.
+#[allow(clippy::too_many_arguments)]
 pub fn sgd(
     params: &[&Tensor],
     grads: &[&Tensor],
     momentum: &[&Tensor],
+    step: &Tensor,
+    lr: &Tensor,
     p: &SgdParams,
     found_inf: Option<&Tensor>,
 ) -> Result<()> {
@@ -88,17 +94,21 @@ pub fn sgd(
     let ps = whole(op, "params", params, params)?;
     let gs = whole(op, "grads", grads, params)?;
     let bs = whole(op, "momentum", momentum, params)?;
+    let (step, lr) = (flag(op, "step", step)?, flag(op, "lr", lr)?);
     let flag = found_inf.map(|f| flag(op, "found_inf", f)).transpose()?;
-    first.backend().sgd(&ps, &gs, &bs, p, flag)
+    first.backend().sgd(&ps, &gs, &bs, step, lr, p, flag)
 }
 
-/// PyTorch's AdamW step (the device-side `step` counts only applied steps).
+/// PyTorch's AdamW step at learning rate `lr[0] · p.lr_scale` (the device-side `step` counts
+/// only applied steps).
+#[allow(clippy::too_many_arguments)]
 pub fn adamw(
     params: &[&Tensor],
     grads: &[&Tensor],
     exp_avg: &[&Tensor],
     exp_avg_sq: &[&Tensor],
     step: &Tensor,
+    lr: &Tensor,
     p: &AdamWParams,
     found_inf: Option<&Tensor>,
 ) -> Result<()> {
@@ -115,9 +125,11 @@ pub fn adamw(
     let gs = whole(op, "grads", grads, params)?;
     let ms = whole(op, "exp_avg", exp_avg, params)?;
     let vs = whole(op, "exp_avg_sq", exp_avg_sq, params)?;
-    let step = flag(op, "step", step)?;
+    let (step, lr) = (flag(op, "step", step)?, flag(op, "lr", lr)?);
     let found = found_inf.map(|f| flag(op, "found_inf", f)).transpose()?;
-    first.backend().adamw(&ps, &gs, &ms, &vs, step, p, found)
+    first
+        .backend()
+        .adamw(&ps, &gs, &ms, &vs, step, lr, p, found)
 }
 
 /// Multiplies every gradient by `inv_scale` in place and sets `found_inf` to 1 if any value is
@@ -186,12 +198,13 @@ pub fn scaler_update(
 pub(crate) mod reference {
     use crate::backend::{AdamWParams, SgdParams};
 
-    /// One SGD step of one element: returns (param, momentum buffer).
-    pub fn sgd(param: f64, grad: f64, buf: f64, p: &SgdParams) -> (f64, f64) {
+    /// One SGD step of one element at learning rate `lr` (the device scalar times the group's
+    /// scale), `first` on the first applied step: returns (param, momentum buffer).
+    pub fn sgd(param: f64, grad: f64, buf: f64, lr: f64, first: bool, p: &SgdParams) -> (f64, f64) {
         let mut d = grad + p.weight_decay * param;
         let mut buf = buf;
         if p.momentum != 0.0 {
-            buf = if p.first_step {
+            buf = if first {
                 d
             } else {
                 p.momentum * buf + (1.0 - p.dampening) * d
@@ -202,24 +215,26 @@ pub(crate) mod reference {
                 buf
             };
         }
-        (param - p.lr * d, buf)
+        (param - lr * d, buf)
     }
 
-    /// One AdamW step of one element at (already incremented) `step`: (param, m, v).
+    /// One AdamW step of one element at (already incremented) `step` and learning rate `lr`:
+    /// (param, m, v).
     pub fn adamw(
         param: f64,
         grad: f64,
         m: f64,
         v: f64,
         step: f64,
+        lr: f64,
         p: &AdamWParams,
     ) -> (f64, f64, f64) {
-        let param = param * (1.0 - p.lr * p.weight_decay);
+        let param = param * (1.0 - lr * p.weight_decay);
         let m = p.beta1 * m + (1.0 - p.beta1) * grad;
         let v = p.beta2 * v + (1.0 - p.beta2) * grad * grad;
         let bc1 = 1.0 - p.beta1.powf(step);
         let bc2 = 1.0 - p.beta2.powf(step);
         let denom = v.sqrt() / bc2.sqrt() + p.eps;
-        (param - p.lr / bc1 * m / denom, m, v)
+        (param - lr / bc1 * m / denom, m, v)
     }
 }

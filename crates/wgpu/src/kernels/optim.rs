@@ -11,7 +11,15 @@ const NON_FINITE: &str = r#"
 fn non_finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u; }
 "#;
 
-/// One SGD update of `p` (and its momentum buffer `m`) from `g`, unless `found` is set.
+/// The device scalars an update reads: its (already counted) step and the learning rate.
+pub(crate) struct StepScalars<'a> {
+    pub step: &'a wgpu::Buffer,
+    pub lr: &'a wgpu::Buffer,
+    pub lr_dtype: DType,
+}
+
+/// One SGD update of `p` (and its momentum buffer `m`) from `g` at learning rate
+/// `lr · lr_scale`, filling the buffer on the first applied step, unless `found` is set.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgd(
     ctx: &Context,
@@ -20,24 +28,27 @@ pub(crate) fn sgd(
     g: &wgpu::Buffer,
     m: Option<&wgpu::Buffer>,
     found: &wgpu::Buffer,
+    at: &StepScalars<'_>,
     len: usize,
     hp: &SgdParams,
 ) -> Result<()> {
     let momentum = m.is_some();
-    let key = format!("sgd|{momentum}|{dtype:?}");
+    let key = format!("sgd|{momentum}|{dtype:?}|{:?}", at.lr_dtype);
     let pipeline = ctx.pipeline(&key, || {
-        let mut src = shader::prelude(&[dtype]);
+        let mut src = shader::prelude(&[dtype, at.lr_dtype]);
         src.push_str(&shader::inout("p", 1, dtype));
         src.push_str(&shader::input("g", 2, dtype));
         src.push_str(&shader::input("f", 3, dtype));
+        src.push_str(&shader::input("s", 4, dtype));
+        src.push_str(&shader::input("lr", 5, at.lr_dtype));
         if momentum {
-            src.push_str(&shader::inout("m", 4, dtype));
+            src.push_str(&shader::inout("m", 6, dtype));
         }
         src.push_str(MAIN_1D);
         let update = if momentum {
             r#"
     var b = d;
-    if (params[6] == 0u) { b = param_f32(2u) * load_m(i) + (1.0 - param_f32(3u)) * d; }
+    if (load_s(0u) != 1.0) { b = param_f32(2u) * load_m(i) + (1.0 - param_f32(3u)) * d; }
     store_m(i, b);
     if (params[5] != 0u) { d = d + param_f32(2u) * b; } else { d = b; }"#
         } else {
@@ -47,7 +58,7 @@ pub(crate) fn sgd(
             r#"    if (i >= params[0] || load_f(0u) != 0.0) {{ return; }}
     let w = load_p(i);
     var d = load_g(i) + param_f32(4u) * w;{update}
-    store_p(i, w - param_f32(1u) * d);
+    store_p(i, w - load_lr(0u) * param_f32(1u) * d);
 }}
 "#
         ));
@@ -56,19 +67,18 @@ pub(crate) fn sgd(
     let f = |v: f64| (v as f32).to_bits();
     let params = [
         len as u32,
-        f(hp.lr),
+        f(hp.lr_scale),
         f(hp.momentum),
         f(hp.dampening),
         f(hp.weight_decay),
         hp.nesterov as u32,
-        hp.first_step as u32,
     ];
-    let mut buffers = vec![p, g, found];
+    let mut buffers = vec![p, g, found, at.step, at.lr];
     buffers.extend(m);
     ctx.dispatch(&pipeline, &params, &buffers, None, grid(len, 256))
 }
 
-/// `step += 1` unless `found` is set (AdamW counts only applied steps).
+/// `step += 1` unless `found` is set (the optimizers count only applied steps).
 pub(crate) fn count_step(
     ctx: &Context,
     dtype: DType,
@@ -86,7 +96,8 @@ pub(crate) fn count_step(
     ctx.dispatch(&pipeline, &[0], &[step, found], None, [1, 1, 1])
 }
 
-/// One AdamW update of `p`, `m`, `v` from `g` at the (already counted) `step`, unless `found`.
+/// One AdamW update of `p`, `m`, `v` from `g` at the (already counted) step and learning rate
+/// `lr · lr_scale`, unless `found`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn adamw(
     ctx: &Context,
@@ -95,23 +106,25 @@ pub(crate) fn adamw(
     g: &wgpu::Buffer,
     m: &wgpu::Buffer,
     v: &wgpu::Buffer,
-    step: &wgpu::Buffer,
+    at: &StepScalars<'_>,
     found: &wgpu::Buffer,
     len: usize,
     hp: &AdamWParams,
 ) -> Result<()> {
-    let pipeline = ctx.pipeline(&format!("adamw|{dtype:?}"), || {
-        let mut src = shader::prelude(&[dtype]);
+    let key = format!("adamw|{dtype:?}|{:?}", at.lr_dtype);
+    let pipeline = ctx.pipeline(&key, || {
+        let mut src = shader::prelude(&[dtype, at.lr_dtype]);
         src.push_str(&shader::inout("p", 1, dtype));
         src.push_str(&shader::input("g", 2, dtype));
         src.push_str(&shader::inout("m", 3, dtype));
         src.push_str(&shader::inout("sq", 4, dtype));
         src.push_str(&shader::input("s", 5, dtype));
         src.push_str(&shader::input("f", 6, dtype));
+        src.push_str(&shader::input("lr", 7, at.lr_dtype));
         src.push_str(MAIN_1D);
         src.push_str(
             r#"    if (i >= params[0] || load_f(0u) != 0.0) { return; }
-    let lr = param_f32(1u);
+    let lr = load_lr(0u) * param_f32(1u);
     let b1 = param_f32(2u);
     let b2 = param_f32(3u);
     let t = load_s(0u);
@@ -131,7 +144,7 @@ pub(crate) fn adamw(
     let f = |x: f64| (x as f32).to_bits();
     let params = [
         len as u32,
-        f(hp.lr),
+        f(hp.lr_scale),
         f(hp.beta1),
         f(hp.beta2),
         f(hp.eps),
@@ -140,7 +153,7 @@ pub(crate) fn adamw(
     ctx.dispatch(
         &pipeline,
         &params,
-        &[p, g, m, v, step, found],
+        &[p, g, m, v, at.step, found, at.lr],
         None,
         grid(len, 256),
     )
