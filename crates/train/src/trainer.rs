@@ -5,7 +5,7 @@ use std::path::Path;
 
 use redline_loader::{Batch, LoaderError, Position};
 use redline_nn::{clip_grad_norm, state_dict, zero_grad, Module, Optimizer, Schedule};
-use redline_tensor::{no_grad, DType, Device, HostBytes, Tensor};
+use redline_tensor::{no_grad, BinaryOp, DType, Device, HostBytes, Op, Tensor};
 
 use crate::checkpoint::{self, Progress};
 use crate::metrics::{top_k_correct, Evaluation};
@@ -34,7 +34,8 @@ pub struct TrainConfig {
 pub struct Inputs {
     /// Normalised images, `[N, 3, H, W]` (channels-last) in the compute dtype.
     pub x: Tensor,
-    /// i64 class labels `[N]`.
+    /// i64 class labels `[N]`: the trainer's static label buffer, overwritten by its next
+    /// upload of a batch of the same size (as a CUDA graph's static inputs are).
     pub y: Tensor,
     /// `Some(-1)` when the loader skipped a sample (its label is -1): left out of the loss.
     pub ignore_index: Option<i64>,
@@ -70,6 +71,17 @@ pub struct Trainer {
     position: Position,
     /// Steps whose phase times are still on the device, oldest first.
     pending_times: std::collections::VecDeque<PendingTimes>,
+    /// The device buffers every upload of a batch of this size writes into.
+    staged: std::sync::Mutex<Option<Staged>>,
+}
+
+/// A batch's raw pixels (u8 NHWC) and labels (i64) in device buffers that stay put: each upload
+/// of the same shape overwrites them in place, so a captured step finds its inputs at the
+/// addresses it was captured with; a batch of another shape (the last, partial one) gets new
+/// buffers.
+struct Staged {
+    images: Tensor,
+    labels: Tensor,
 }
 
 impl Trainer {
@@ -104,6 +116,7 @@ impl Trainer {
             steps: 0,
             position: Position::default(),
             pending_times: Default::default(),
+            staged: Default::default(),
         })
     }
 
@@ -202,21 +215,40 @@ impl Trainer {
     }
 
     /// A loader batch on the device: the normalised input (the input op, in the compute dtype)
-    /// and the i64 labels. The pooled buffer goes with the upload and returns to the loader's
-    /// pool when the copy is done.
+    /// and the i64 labels, the pixels and labels copied into the trainer's static buffers. The
+    /// pooled buffer goes with the copy and returns to the loader's pool when it is done.
     pub fn upload(&self, batch: Batch) -> Result<Inputs> {
         let (n, res) = (batch.len, batch.res);
         let labels: Vec<i64> = batch.labels().collect();
         let pixels = n * res * res * 3;
-        let bytes = HostBytes::Pooled(batch.into_buffer(), pixels);
-        let images = Tensor::upload(bytes, DType::U8, &[n, res, res, 3], &self.device)?;
+        let (images, y) = self.staged(n, res)?;
+        images.copy_from_host(HostBytes::Pooled(batch.into_buffer(), pixels))?;
+        let label_bytes = labels.iter().flat_map(|l| l.to_le_bytes()).collect();
+        y.copy_from_host(HostBytes::Owned(label_bytes))?;
         let dtype = self.config.precision.autocast().unwrap_or(DType::F32);
         let x = Tensor::normalize_input(&images, &IMAGENET_MEAN, &IMAGENET_STD, dtype)?;
-        let y = Tensor::from_slice(&labels, &[n], &self.device)?;
-        // Known on the host: most batches skip nothing, and then the loss needs no mask (which
-        // costs an i64 comparison that not every device has).
-        let ignore_index = labels.iter().any(|&l| l < 0).then_some(-1);
+        // Samples the loader skipped carry -1. A device that compares i64 always masks them,
+        // so no step depends on what a batch holds; one that does not (wgpu) masks only the
+        // batches that need it, known here on the host.
+        let masks = (self.device.backend()).supports(Op::Binary(BinaryOp::Ne), DType::I64);
+        let ignore_index = (masks || labels.iter().any(|&l| l < 0)).then_some(-1);
         Ok(Inputs { x, y, ignore_index })
+    }
+
+    /// The static input buffers for a batch of `n` images of `res`², made on first use and
+    /// whenever the batch shape changes.
+    fn staged(&self, n: usize, res: usize) -> Result<(Tensor, Tensor)> {
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        let shape = [n, res, res, 3];
+        let fits = staged.as_ref().is_some_and(|s| s.images.shape() == shape);
+        if !fits {
+            *staged = Some(Staged {
+                images: Tensor::zeros(&shape, DType::U8, &self.device)?,
+                labels: Tensor::zeros(&[n], DType::I64, &self.device)?,
+            });
+        }
+        let s = staged.as_ref().ok_or(TrainError::NoData)?;
+        Ok((s.images.clone(), s.labels.clone()))
     }
 
     /// The logits (in f32) under the precision's autocast scope.

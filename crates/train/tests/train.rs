@@ -214,10 +214,37 @@ fn resumable_loader(set: &Arc<ShardSet>, at: redline_loader::Position) -> Loader
     Loader::new(set.clone(), Config::new(8, RES, true), at).expect("loader")
 }
 
+/// What a CUDA graph replay needs of the input phase: each batch lands in the same device
+/// buffers (the labels' storage is the same tensor storage from batch to batch), holding that
+/// batch's values; the loss masks skipped samples without looking at the batch on the host.
+#[test]
+fn batches_of_one_shape_are_copied_into_the_same_device_buffers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 32);
+    let device = CpuBackend::device();
+    let trainer = overflowing_trainer(&device, 4, true);
+    let mut batches = resumable_loader(&train, Default::default());
+    let mut storages = Vec::new();
+    for _ in 0..3 {
+        let batch = batches.next().unwrap().unwrap();
+        let labels: Vec<i64> = batch.labels().collect();
+        let inputs = trainer.upload(batch).unwrap();
+        assert_eq!(inputs.y.to_vec::<i64>().unwrap(), labels);
+        assert_eq!(
+            inputs.ignore_index,
+            Some(-1),
+            "the CPU compares i64: always masked"
+        );
+        storages.push(Arc::as_ptr(inputs.y.storage()));
+    }
+    assert!(storages.windows(2).all(|w| std::ptr::eq(w[0], w[1])));
+}
+
 /// What a CUDA graph replay needs of the update phase: whatever the learning rate (a one-cycle
 /// schedule changes it every step) and whether a step was skipped, every step issues the same
 /// optimizer launches with the same baked-in arguments (the op profile's labels carry them), and
-/// the rate reaches the device as one write into the scalar the launches read.
+/// the rate reaches the device as one write into the scalar the launches read, as the batch
+/// does into its static buffers.
 #[test]
 fn every_step_issues_the_same_optimizer_launches_whatever_the_learning_rate() {
     let dir = tempfile::tempdir().unwrap();
@@ -226,6 +253,7 @@ fn every_step_issues_the_same_optimizer_launches_whatever_the_learning_rate() {
         let (device, profile) = OpProfile::wrap(CpuBackend::device(), true);
         let steps = 5;
         let mut trainer = overflowing_trainer(&device, steps, sgd);
+        profile.reset(); // the model's initial weights were uploads
         let mut batches = resumable_loader(&train, Default::default());
         let mut rates = Vec::new();
         for _ in 0..steps {
@@ -245,8 +273,10 @@ fn every_step_issues_the_same_optimizer_launches_whatever_the_learning_rate() {
             updates.iter().all(|r| r.calls == steps as u64),
             "{updates:#?}"
         );
+        // Writes into storages that stay put, three a step: the pixels, the labels, the rate.
         let writes = rows.iter().find(|r| r.label == "upload_into");
-        assert_eq!(writes.map(|r| r.calls), Some(steps as u64), "{rows:#?}");
+        assert_eq!(writes.map(|r| r.calls), Some(3 * steps as u64), "{rows:#?}");
+        assert!(rows.iter().all(|r| r.label != "upload"), "{rows:#?}");
     }
 }
 
