@@ -47,6 +47,12 @@ const MUTATIONS: &[Mutation] = &[
         original: "coef[C + c] = (bias != nullptr ? bias[c] : (S)0) - mean * scale;",
         mutated: "coef[C + c] = (bias != nullptr ? bias[c] : (S)0) + mean * scale;",
     },
+    Mutation {
+        name: "cross-entropy gradient without its label smoothing",
+        file: "softmax.cu",
+        original: "exp(v - lse) - hot - eps / (A)c)",
+        mutated: "exp(v - lse) - hot)",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

@@ -238,6 +238,25 @@ impl Backend for CpuBackend {
         Ok(self.store(ops::nn::softmax(&data, x.layout, axis, log, out)))
     }
 
+    fn cross_entropy(
+        &self,
+        logits: View<'_>,
+        targets: View<'_>,
+        smoothing: f64,
+        ignore_index: i64,
+        grad: bool,
+    ) -> Result<(Storage, Option<Storage>)> {
+        // The reference's f64 formula: the logits are [N, C] with N a batch and C the classes,
+        // small beside the convolutions that produced them.
+        let x = self.f64s(logits)?;
+        let t: Vec<i64> = self.f64s(targets)?.iter().map(|&v| v as i64).collect();
+        let c = logits.layout.shape()[1];
+        let (loss, g) = redline_tensor::scalar::cross_entropy(&x, &t, c, smoothing, ignore_index)?;
+        let dtype = logits.dtype();
+        let grad = grad.then(|| self.store(Data::from_f64s(dtype, &g)));
+        Ok((self.store(Data::from_f64s(dtype, &[loss])), grad))
+    }
+
     fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage> {
         let (dx, di) = (
             self.buffer(x.storage)?.read(),

@@ -94,6 +94,11 @@ pub fn softmax(dtype: DType, log: bool) -> String {
     format!("softmax<{}, {log}>", ctype(dtype))
 }
 
+/// The fused cross-entropy's two kernels: `cross_entropy_rows`, `cross_entropy_total`.
+pub fn cross_entropy(kernel: &str, dtype: DType) -> String {
+    format!("{kernel}<{}>", ctype(dtype))
+}
+
 pub fn gather(dtype: DType) -> String {
     format!("gather<{}>", ctype(dtype))
 }
@@ -201,6 +206,8 @@ pub fn families() -> Vec<Family> {
     let mut softmaxes = Vec::new();
     for &d in &floats {
         softmaxes.extend([softmax(d, false), softmax(d, true)]);
+        softmaxes
+            .extend(["cross_entropy_rows", "cross_entropy_total"].map(|k| cross_entropy(k, d)));
     }
     let mut indexing: Vec<String> = DType::ALL.into_iter().map(gather).collect();
     indexing.extend(

@@ -450,6 +450,38 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
+    fn cross_entropy(
+        &self,
+        logits: View<'_>,
+        targets: View<'_>,
+        smoothing: f64,
+        ignore_index: i64,
+        grad: bool,
+    ) -> Result<(Storage, Option<Storage>)> {
+        let _range = nvtx::range("cross_entropy");
+        let (dtype, n) = (logits.dtype(), logits.layout.shape()[0]);
+        let rows = self.alloc(stats_dtype(dtype), n.max(1))?;
+        let grad = grad
+            .then(|| self.alloc(dtype, logits.layout.numel()))
+            .transpose()?;
+        let loss = self.alloc(dtype, 1)?;
+        let grad_ptr = grad
+            .as_ref()
+            .map(|g| self.buffer(g).map(|b| b.ptr))
+            .transpose()?;
+        ops::nn::cross_entropy(
+            &*self.gpu,
+            &self.operand(logits)?,
+            self.start(targets)?,
+            smoothing,
+            ignore_index,
+            self.buffer(&rows)?.ptr,
+            grad_ptr,
+            self.buffer(&loss)?.ptr,
+        )?;
+        Ok((loss, grad))
+    }
+
     fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage> {
         let _range = nvtx::range("gather");
         let y = self.alloc(x.dtype(), index.layout.numel())?;

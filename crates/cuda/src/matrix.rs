@@ -18,6 +18,7 @@ pub fn supports(op: Op, dtype: DType) -> bool {
         Op::Nn(n) => match n {
             NnOp::Softmax
             | NnOp::LogSoftmax
+            | NnOp::CrossEntropy
             | NnOp::RandomUniform
             | NnOp::NormalizeInput
             | NnOp::BatchNormStats

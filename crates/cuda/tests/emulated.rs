@@ -601,3 +601,20 @@ fn the_sum_of_squares_spans_several_lists_and_blocks() {
         .unwrap();
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
 }
+
+/// The fused cross-entropy cannot stop the stream on a bad label: a kept target outside the
+/// classes makes the loss NaN (where the host backends refuse it), so the GradScaler's check or
+/// the loss read-back shows it; an ignored one is left out.
+#[test]
+fn a_cross_entropy_target_out_of_range_gives_a_nan_loss() {
+    let device = device();
+    let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0], &[2, 2], &device).unwrap();
+    let bad = Tensor::from_slice(&[0i64, 2], &[2], &device).unwrap();
+    let loss = logits.cross_entropy(&bad, 0.0, None).unwrap();
+    assert!(loss.item().unwrap().is_nan());
+    let skipped = Tensor::from_slice(&[0i64, -1], &[2], &device).unwrap();
+    let loss = logits.cross_entropy(&skipped, 0.0, Some(-1)).unwrap();
+    // Row 0 alone: log(1 + e) − 0.
+    let want = (1.0f64 + 1f64.exp()).ln();
+    assert!((loss.item().unwrap() - want).abs() < 1e-6);
+}

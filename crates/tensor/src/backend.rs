@@ -347,6 +347,9 @@ op_enum!(
         /// Batch norm's per-channel input-gradient coefficients and its weight and bias
         /// gradients from the backward's sums, in one launch.
         BatchNormGradCoef => "batch_norm_grad_coef",
+        /// Label-smoothed cross-entropy with its softmax, and the logits' gradient, in one
+        /// pass over the logits.
+        CrossEntropy => "cross_entropy",
     }
 );
 
@@ -864,6 +867,30 @@ pub trait Backend: Send + Sync + fmt::Debug {
         Err(TensorError::Backend {
             device: self.name(),
             what: "batch_norm_grad_coef is not implemented".into(),
+        })
+    }
+
+    /// Label-smoothed cross-entropy of `logits` `[N, C]` (a float dtype, any layout) against
+    /// i64 `targets` `[N]` (contiguous): per sample `(1 − ε)·(lse − x[t]) + ε·(lse − mean x)`
+    /// with `lse` the row's log-sum-exp and ε = `smoothing`, averaged over the samples whose
+    /// target is not `ignore_index` (0 when none is left). Returns the loss (one element of
+    /// the logits' dtype, accumulated in [`stats_dtype`]) and, when `grad`, ∂loss/∂logits
+    /// (`[N, C]` contiguous, logits' dtype): `keep/count · (softmax − (1 − ε)·onehot(t) − ε/C)`.
+    /// Softmax, loss and gradient in one pass where the composition takes ~12 ops forward and
+    /// ~10 backward. A kept target outside `[0, C)` is an error where the backend sees it (host
+    /// backends) and a NaN loss on a device. The default refuses.
+    fn cross_entropy(
+        &self,
+        logits: View<'_>,
+        targets: View<'_>,
+        smoothing: f64,
+        ignore_index: i64,
+        grad: bool,
+    ) -> Result<(Storage, Option<Storage>)> {
+        let _ = (logits, targets, smoothing, ignore_index, grad);
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "cross_entropy is not implemented".into(),
         })
     }
 

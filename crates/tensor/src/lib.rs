@@ -45,9 +45,10 @@ pub use ops::optim;
 pub use tensor::{PendingVec, Tensor};
 
 /// The reference kernels' scalar formulas, shared with host backends that apply them per element
-/// (one definition of GELU, Philox, SGD and AdamW, not one per backend).
+/// (one definition of GELU, Philox, cross-entropy, SGD and AdamW, not one per backend).
 pub mod scalar {
     pub use crate::ops::elementwise::reference::{binary, erf, unary};
+    pub use crate::ops::nn::reference::cross_entropy;
     pub use crate::ops::norm::reference::{philox, uniform};
     pub use crate::ops::optim::reference::{adamw, sgd};
 }

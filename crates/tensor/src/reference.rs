@@ -263,6 +263,25 @@ impl Backend for Reference {
         Ok(self.produce(x.dtype(), out, |i| y[i]))
     }
 
+    fn cross_entropy(
+        &self,
+        logits: View<'_>,
+        targets: View<'_>,
+        smoothing: f64,
+        ignore_index: i64,
+        grad: bool,
+    ) -> Result<(Storage, Option<Storage>)> {
+        let x = self.gather(logits)?;
+        let t: Vec<i64> = self.gather(targets)?.iter().map(|&v| v as i64).collect();
+        let c = logits.layout.shape()[1];
+        let (loss, g) = ops::nn::reference::cross_entropy(&x, &t, c, smoothing, ignore_index)?;
+        let dtype = logits.dtype();
+        Ok((
+            self.store(dtype, vec![loss]),
+            grad.then(|| self.store(dtype, g)),
+        ))
+    }
+
     fn gather(&self, x: View<'_>, axis: usize, index: View<'_>) -> Result<Storage> {
         let (xs, idx) = (self.gather(x)?, self.gather(index)?);
         let at = ops::nn::reference::positions(x.layout.shape(), index.layout.shape(), axis, &idx)?;

@@ -275,6 +275,16 @@ impl Backend for Broken {
     ) -> Result<(Storage, Storage, Storage)> {
         self.inner.batch_norm_grad_coef(sums, saved, weight, count)
     }
+    fn cross_entropy(
+        &self,
+        logits: View<'_>,
+        targets: View<'_>,
+        smoothing: f64,
+        ignore_index: i64,
+        grad: bool,
+    ) -> Result<(Storage, Option<Storage>)> {
+        (self.inner).cross_entropy(logits, targets, smoothing, ignore_index, grad)
+    }
     fn sgd(
         &self,
         params: &[&Storage],

@@ -121,6 +121,7 @@ impl Case {
                     n,
                     NnOp::Softmax
                         | NnOp::LogSoftmax
+                        | NnOp::CrossEntropy
                         | NnOp::Gather
                         | NnOp::ScatterAdd
                         | NnOp::Conv2d
@@ -135,7 +136,7 @@ impl Case {
     pub fn grad_inputs(&self) -> Vec<usize> {
         match self.op {
             Op::Other(OtherOp::Select) => vec![1, 2],
-            Op::Nn(NnOp::Gather) => vec![0],
+            Op::Nn(NnOp::Gather | NnOp::CrossEntropy) => vec![0],
             Op::Nn(NnOp::ScatterAdd) => vec![0, 2],
             _ => (0..self.inputs.len()).collect(),
         }
@@ -217,6 +218,7 @@ impl Case {
             NnOp::Softmax => x[0].softmax(self.axes[0]),
             NnOp::LogSoftmax => x[0].log_softmax(self.axes[0]),
             NnOp::Gather => x[0].gather(self.axes[0], &x[1]),
+            NnOp::CrossEntropy => x[0].cross_entropy(&x[1], 0.1, Some(-1)),
             NnOp::ScatterAdd => x[0].scatter_add(self.axes[0], &x[1], &x[2]),
             NnOp::Conv2d => conv(x),
             NnOp::Conv2dInputGrad => self.grad_of(x, 0, conv),

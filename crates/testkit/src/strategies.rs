@@ -254,6 +254,18 @@ fn index(shape: Vec<usize>, limit: usize) -> BoxedStrategy<Input> {
         .boxed()
 }
 
+/// `n` class labels below `c`, or -1: a sample the loss leaves out.
+fn targets(n: usize, c: usize) -> BoxedStrategy<Input> {
+    prop::collection::vec(-1..c as i64, n)
+        .prop_map(move |v| Input {
+            shape: vec![n],
+            values: v.into_iter().map(|k| k as f64).collect(),
+            dtype: DType::I64,
+            view: ViewKind::Plain,
+        })
+        .boxed()
+}
+
 /// A shape no larger than `s` off `axis` (and 1..=4 along it).
 fn index_shape(s: &[usize], axis: usize) -> BoxedStrategy<Vec<usize>> {
     s.iter()
@@ -452,6 +464,10 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                 operands,
                 ..make(vec![sums, saved, w], vec![])
             })
+            .boxed(),
+        NnOp::CrossEntropy => (1usize..=4, 1usize..=6)
+            .prop_flat_map(move |(n, c)| (input(vec![n, c], dtype, Domain::Any, 0), targets(n, c)))
+            .prop_map(move |(x, t)| make(vec![x, t], vec![]))
             .boxed(),
         NnOp::NormalizeInput => (1usize..=2, 1usize..=4, 1usize..=4)
             .prop_flat_map(move |(n, h, w)| input(vec![n, h, w, 3], DType::U8, Domain::Byte, 0))

@@ -250,3 +250,59 @@ fn clipping_through_the_multi_tensor_ops_equals_its_composition() {
     }
     assert!(a[0][0] > 1.5, "the gradients were clipped: {a:?}");
 }
+
+#[test]
+fn cross_entropy_in_one_op_equals_its_composition_and_refuses_a_bad_target() {
+    use redline_tensor::{NnOp, Tensor};
+    let fused = Device::reference();
+    let composed = Device::new(Arc::new(
+        Broken::new(Fault::None).hiding(Op::Nn(NnOp::CrossEntropy)),
+    ));
+    // Loss and logits' gradient, label-smoothed, with and without a skipped sample (-1), on
+    // logits stored transposed (any layout is taken).
+    let run = |device: &Device, targets: &[i64], ignore: Option<i64>| -> Vec<Vec<f64>> {
+        let values: Vec<f64> = (0..15).map(|i| ((i * 7) % 11) as f64 / 3.0 - 1.5).collect();
+        let x = Tensor::from_slice(&values, &[5, 3], device)
+            .unwrap()
+            .with_requires_grad(true);
+        let logits = x.transpose(0, 1).unwrap();
+        let t = Tensor::from_slice(targets, &[3], device).unwrap();
+        let loss = logits.cross_entropy(&t, 0.1, ignore).unwrap();
+        loss.mul_scalar(2.5).unwrap().backward().unwrap();
+        vec![
+            loss.to_f64_vec().unwrap(),
+            x.grad().unwrap().to_f64_vec().unwrap(),
+        ]
+    };
+    let cases: [(&[i64], Option<i64>); 4] = [
+        (&[4, 0, 2], None),
+        (&[4, -1, 2], Some(-1)),
+        (&[-1, -1, -1], Some(-1)),
+        (&[1, 3, 0], Some(-1)),
+    ];
+    for (targets, ignore) in cases {
+        let (a, b) = (
+            run(&fused, targets, ignore),
+            run(&composed, targets, ignore),
+        );
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-12 * (1.0 + y.abs()),
+                    "{targets:?}: output {i}: {x} vs {y}"
+                );
+            }
+        }
+    }
+    let logits = Tensor::from_slice(&[0.0, 1.0, 2.0, 3.0], &[2, 2], &fused).unwrap();
+    let bad = Tensor::from_slice(&[0i64, 2], &[2], &fused).unwrap();
+    let err = logits
+        .cross_entropy(&bad, 0.0, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("target 2 of sample 1") && err.contains("2 classes"),
+        "{err}"
+    );
+}

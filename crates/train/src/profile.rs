@@ -788,6 +788,18 @@ impl Backend for OpProfile {
         let f = |b: &dyn Backend| b.batch_norm_grad_coef(sums, saved, weight, count);
         self.timed(Reduction, || "batch_norm_grad_coef".into(), 0, f)
     }
+    fn cross_entropy(
+        &self,
+        logits: View<'_>,
+        targets: View<'_>,
+        smoothing: f64,
+        ignore_index: i64,
+        grad: bool,
+    ) -> Result<(Storage, Option<Storage>)> {
+        let f = |b: &dyn Backend| b.cross_entropy(logits, targets, smoothing, ignore_index, grad);
+        let label = || format!("cross_entropy {:?}", logits.layout.shape());
+        self.timed(Reduction, label, 0, f)
+    }
     fn sgd(
         &self,
         params: &[&Storage],

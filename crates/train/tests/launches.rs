@@ -46,11 +46,13 @@ fn a_resnet50_step_issues_six_launches_per_batch_norm_and_under_seven_hundred_in
         "{rows:#?}"
     );
     assert_eq!(calls(&|l| l == "batch_norm_coef"), norms);
+    // The loss: softmax, smoothing, mask and gradient in one call (was ~12 forward, ~10 back).
+    assert_eq!(calls(&|l| l.starts_with("cross_entropy")), 1, "{rows:#?}");
     assert_eq!(calls(&|l| l == "batch_norm_grad_coef"), norms);
     // The counter every norm carries costs nothing in the step (written when read): the few
     // fills left are the loss's constants and the backward's seed.
     assert!(calls(&|l| l == "fill") < 12, "{rows:#?}");
-    // 3,310 before the coefficient ops (issue 18), about 560 after.
+    // 3,310 before the coefficient ops (issue 18), 525 with them and the fused cross-entropy.
     assert!(launches < 700, "{launches} launches: {rows:#?}");
     eprintln!("forward + backward: {launches} launches");
     // Clipping the 161 gradients to a global norm: a handful of launches, not a few per

@@ -263,11 +263,13 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // Batch norm's one-launch coefficient ops and the multi-tensor sum of squares are not
-        // written in WGSL yet: the front end composes them from the primitives here.
+        // Batch norm's one-launch coefficient ops, the fused cross-entropy and the multi-tensor
+        // sum of squares are not written in WGSL yet: the front end composes them from the
+        // primitives here.
         if matches!(
             op,
-            Op::Nn(NnOp::BatchNormCoef | NnOp::BatchNormGradCoef) | Op::Optim(OptimOp::SumSquares)
+            Op::Nn(NnOp::BatchNormCoef | NnOp::BatchNormGradCoef | NnOp::CrossEntropy)
+                | Op::Optim(OptimOp::SumSquares)
         ) {
             return false;
         }

@@ -41,6 +41,53 @@ pub fn softmax(gpu: &dyn Gpu, x: &Operand, axis: usize, log: bool, out: &Operand
     gpu.launch(&kernels::softmax(x.dtype, log), shape, &args)
 }
 
+/// Fused cross-entropy of logits `x` `[n, c]` against contiguous i64 `targets`: a block per
+/// row writes its loss term into `rows` (n of the accumulation type) and, where `grad` is
+/// given, its gradient; one block then writes the mean into `out` (one element of x's dtype).
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy(
+    gpu: &dyn Gpu,
+    x: &Operand,
+    targets: DevicePtr,
+    smoothing: f64,
+    ignore: i64,
+    rows: DevicePtr,
+    grad: Option<DevicePtr>,
+    out: DevicePtr,
+) -> Result<()> {
+    let (n, c) = (x.layout.shape()[0], x.layout.shape()[1]);
+    let args = KernelArgs::new()
+        .ptr(x.ptr)
+        .strided(&strided(gpu, x.layout, "cross_entropy")?)
+        .ptr(targets)
+        .i64(n as i64)
+        .i64(c as i64)
+        .f64(smoothing)
+        .i64(ignore)
+        .ptr(rows)
+        .ptr(grad.unwrap_or(DevicePtr(0)));
+    if n > 0 && c > 0 {
+        let shape = LaunchShape::linear(n.min(1 << 16) as u32, SOFTMAX_THREADS);
+        gpu.launch(
+            &kernels::cross_entropy("cross_entropy_rows", x.dtype),
+            shape,
+            &args,
+        )?;
+    }
+    let args = KernelArgs::new()
+        .ptr(rows)
+        .ptr(targets)
+        .i64(n as i64)
+        .i64(ignore)
+        .ptr(out);
+    let shape = LaunchShape::linear(1, SOFTMAX_THREADS);
+    gpu.launch(
+        &kernels::cross_entropy("cross_entropy_total", x.dtype),
+        shape,
+        &args,
+    )
+}
+
 /// `out` (contiguous, index's shape) = x gathered along `axis` by `index` (i64).
 pub fn gather(
     gpu: &dyn Gpu,

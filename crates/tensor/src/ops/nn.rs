@@ -158,6 +158,13 @@ impl Tensor {
             )));
         }
         let n = self.shape()[0];
+        if self
+            .backend()
+            .supports(Op::Nn(NnOp::CrossEntropy), self.dtype())
+        {
+            // No ignore_index: a target no sample can hold.
+            return self.cross_entropy_fused(targets, smoothing, ignore_index.unwrap_or(i64::MIN));
+        }
         let logp = self.log_softmax(1)?;
         let keep = match ignore_index {
             Some(ignored) => targets.ne(&Tensor::full(
@@ -187,9 +194,74 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// [`Tensor::cross_entropy`] in one backend call ([`crate::Backend::cross_entropy`]): the
+    /// gradient is computed with the loss (when the tape records) and its backward is one
+    /// multiply by the loss's gradient.
+    fn cross_entropy_fused(&self, targets: &Tensor, smoothing: f64, ignore: i64) -> Result<Tensor> {
+        self.same_device(targets, "cross_entropy")?;
+        let targets = targets.contiguous()?;
+        let want_grad = crate::autograd::is_grad_enabled() && self.requires_grad();
+        let (loss, grad) = self.backend().cross_entropy(
+            self.view(),
+            targets.view(),
+            smoothing,
+            ignore,
+            want_grad,
+        )?;
+        let device = self.device().clone();
+        let grad =
+            grad.map(|g| Tensor::from_storage(g, Layout::contiguous(self.shape()), device.clone()));
+        let loss = Tensor::from_storage(loss, Layout::contiguous(&[]), device);
+        Ok(loss.record("cross_entropy", &[self], move |g| {
+            let grad = grad.ok_or_else(|| {
+                TensorError::Autograd("cross_entropy ran without its gradient".into())
+            })?;
+            Ok(vec![Some(grad.mul(g)?)])
+        }))
+    }
+}
+
 /// The reference kernels.
 pub(crate) mod reference {
     use crate::error::{Result, TensorError};
+
+    /// Fused cross-entropy ([`crate::Backend::cross_entropy`]) of row-major logits `x` `[n, c]`
+    /// in f64: the loss and ∂loss/∂x. Shared by the host backends.
+    pub fn cross_entropy(
+        x: &[f64],
+        targets: &[i64],
+        c: usize,
+        smoothing: f64,
+        ignore: i64,
+    ) -> Result<(f64, Vec<f64>)> {
+        let kept = targets.iter().filter(|&&t| t != ignore).count();
+        let scale = 1.0 / kept.max(1) as f64;
+        let (mut total, mut grad) = (0.0, vec![0.0; x.len()]);
+        for (r, (&t, row)) in targets.iter().zip(x.chunks(c)).enumerate() {
+            if t == ignore {
+                continue;
+            }
+            if t < 0 || t as usize >= c {
+                return Err(TensorError::shape(format!(
+                    "cross_entropy: target {t} of sample {r} is out of range for {c} classes"
+                )));
+            }
+            let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+            let mean = row.iter().sum::<f64>() / c as f64;
+            total += (1.0 - smoothing) * (lse - row[t as usize]) + smoothing * (lse - mean);
+            for (k, (g, &v)) in grad[r * c..(r + 1) * c].iter_mut().zip(row).enumerate() {
+                let hot = if k == t as usize {
+                    1.0 - smoothing
+                } else {
+                    0.0
+                };
+                *g = scale * ((v - lse).exp() - hot - smoothing / c as f64);
+            }
+        }
+        Ok((total * scale, grad))
+    }
 
     /// (Log-)softmax of row-major `x` of `shape` along `axis`.
     pub fn softmax(x: &[f64], shape: &[usize], axis: usize, log: bool) -> Vec<f64> {
