@@ -12,7 +12,7 @@ use crate::run::{self, Profile};
 
 #[derive(Args)]
 pub struct TestArgs {
-    /// Hardware suites that must run (comma-separated: wgpu, nvrtc, cuda); a skip becomes a
+    /// Hardware suites that must run (comma-separated: wgpu, nvrtc, torchrun, cuda); a skip becomes a
     /// failure. `CI=true` requires every hardware suite.
     #[arg(long, value_delimiter = ',')]
     require: Vec<String>,
@@ -59,6 +59,13 @@ const HARDWARE_SUITES: &[HardwareSuite] = &[
         kind: SuiteKind::Built {
             test: "nvrtc_compile",
             install: "pip install nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96",
+        },
+    },
+    HardwareSuite {
+        name: "torchrun",
+        kind: SuiteKind::Built {
+            test: "torchrun",
+            install: "pip install torch==2.15.0",
         },
     },
     HardwareSuite {

@@ -45,6 +45,14 @@ pub struct TrainArgs {
     /// A JSON report with `final_val_top1` (0..1) and every epoch's figures.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Data parallel on this machine: start N processes (torchrun's variables set, the cores
+    /// shared out among them); `--batch` is per process. Each takes `cuda:{rank}` on a
+    /// machine with GPUs.
+    #[arg(long, default_value_t = 1)]
+    nproc: usize,
+    /// The port rank 0 serves the rendezvous on (with --nproc).
+    #[arg(long, default_value_t = 29500)]
+    master_port: u16,
 }
 
 pub fn run(args: TrainArgs) -> Result<()> {
@@ -58,19 +66,15 @@ pub fn run(args: TrainArgs) -> Result<()> {
             );
         }
     }
-    let mut cmd = run::cargo();
-    cmd.args(["run", "--release", "--quiet", "--package", "redline"]);
-    if let Some(feature) = run::fast_decoder() {
-        cmd.args(["--features", feature]);
-    }
-    cmd.args(["--bin", "redline-train", "--"])
-        .arg("--data")
-        .arg(&shards);
+    let features: Vec<&str> = run::fast_decoder()
+        .map(|f| vec!["--features", f])
+        .unwrap_or_default();
     let checkpoints = args
         .checkpoints
         .clone()
         .unwrap_or_else(|| run::target_dir().join("train-checkpoints"));
-    cmd.arg("--checkpoints").arg(checkpoints);
+    let mut flags: Vec<std::ffi::OsString> = vec!["--data".into(), shards.into()];
+    flags.extend(["--checkpoints".into(), checkpoints.into()]);
     let options = [
         ("--model", Some(args.model.clone())),
         ("--res", Some(args.res.to_string())),
@@ -83,14 +87,73 @@ pub fn run(args: TrainArgs) -> Result<()> {
     ];
     for (flag, value) in options {
         if let Some(v) = value {
-            cmd.arg(flag).arg(v);
+            flags.extend([flag.into(), v.into()]);
         }
     }
     if let Some(p) = &args.resume {
-        cmd.arg("--resume").arg(p);
+        flags.extend(["--resume".into(), p.into()]);
     }
     if let Some(p) = &args.json {
-        cmd.arg("--json").arg(p);
+        flags.extend(["--json".into(), p.into()]);
     }
-    run::check(&mut cmd)
+    if args.nproc <= 1 {
+        let mut cmd = run::cargo();
+        cmd.args(["run", "--release", "--quiet", "--package", "redline"])
+            .args(&features)
+            .args(["--bin", "redline-train", "--"])
+            .args(&flags);
+        return run::check(&mut cmd);
+    }
+    let mut build = run::cargo();
+    build
+        .args(["build", "--release", "--quiet", "--package", "redline"])
+        .args(&features)
+        .args(["--bin", "redline-train"]);
+    run::check(&mut build)?;
+    let binary = run::target_dir().join("release/redline-train");
+    processes(&binary, &flags, args.nproc, args.master_port)
+}
+
+/// Starts `n` ranks of `binary` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+/// MASTER_PORT), each with an equal share of the cores for its backend and its loader, and
+/// waits for them. The first to fail is named; the others then fail within the rendezvous
+/// timeout on their own (they are not killed: each reports which rank it lost).
+fn processes(
+    binary: &std::path::Path,
+    flags: &[std::ffi::OsString],
+    n: usize,
+    port: u16,
+) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let share = (cores / n).max(1);
+    let mut children = Vec::new();
+    for rank in 0..n {
+        let mut cmd = std::process::Command::new(binary);
+        cmd.args(flags)
+            .args(["--workers", &share.to_string()])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("REDLINE_CPU_THREADS", share.to_string());
+        eprintln!("$ RANK={rank} WORLD_SIZE={n} … {}", run::describe(&cmd));
+        children.push((rank, cmd.spawn()?));
+    }
+    let mut failed = Vec::new();
+    for (rank, mut child) in children {
+        let status = child.wait()?;
+        if !status.success() {
+            failed.push(format!("rank {rank}: {status}"));
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {n} processes failed ({})",
+            failed.len(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
 }

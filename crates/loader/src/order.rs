@@ -47,6 +47,54 @@ pub struct Position {
     pub index: usize,
 }
 
+impl Position {
+    /// This position in a job of `to_world` ranks, for one saved by a job of `from_world` (a
+    /// checkpoint resumed on another number of devices).
+    ///
+    /// In [`Mode::Random`] and [`Mode::Sequential`] the epoch's order is one permutation of the
+    /// dataset, a function of (seed, epoch) alone, and rank `r` of `w` takes its positions
+    /// `r, r + w, …`: when every rank has taken `index` samples, the job has consumed exactly the
+    /// first `index × w` of the permutation, whatever `w` is. Resuming continues that sequence
+    /// exactly, provided `to_world` divides it. (Only the padding at an epoch's very end, which
+    /// repeats samples to even out the ranks, depends on the world size, as with PyTorch's
+    /// `DistributedSampler`.) [`Mode::PageGrouped`] gives each rank a contiguous block of
+    /// groups, an order that depends on the world size: it resumes only on the same one.
+    pub fn reshard(
+        self,
+        mode: Mode,
+        from_world: usize,
+        to_world: usize,
+    ) -> Result<Self, OrderError> {
+        if from_world == 0 || to_world == 0 {
+            return Err(OrderError(format!(
+                "resharding a position from {from_world} to {to_world} ranks"
+            )));
+        }
+        if from_world == to_world {
+            return Ok(self);
+        }
+        if let Mode::PageGrouped { .. } = mode {
+            return Err(OrderError(format!(
+                "a page-grouped order depends on the world size: a position saved by {from_world} \
+                 ranks resumes only on {from_world} (this job has {to_world})"
+            )));
+        }
+        let consumed = self.index * from_world;
+        if !consumed.is_multiple_of(to_world) {
+            return Err(OrderError(format!(
+                "epoch {}: {consumed} samples were consumed by {from_world} ranks; {to_world} \
+                 ranks cannot continue from there with equal shares (choose a world size that \
+                 divides {consumed}, or resume at an epoch boundary)",
+                self.epoch
+            )));
+        }
+        Ok(Self {
+            epoch: self.epoch,
+            index: consumed / to_world,
+        })
+    }
+}
+
 /// A bad order configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderError(String);

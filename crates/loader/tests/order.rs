@@ -132,3 +132,52 @@ fn bad_configurations_are_refused_with_a_reason() {
     .unwrap_err();
     assert!(err.to_string().contains("group and window"), "{err}");
 }
+
+/// The samples a job of `world` ranks consumes in steps of `per_rank` samples each, in the
+/// order a single process would see them (rank 0's, rank 1's, … interleaved by position).
+fn consumed(order_len: usize, world: usize, from: Position, per_rank: usize) -> Vec<u64> {
+    let ranks = ranks(order_len, world, Mode::Random, Uneven::Drop, from.epoch);
+    let mut out = Vec::new();
+    for i in from.index..from.index + per_rank {
+        for rank in &ranks {
+            out.push(rank[i]);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_position_resumes_the_same_global_sequence_on_another_world_size() {
+    // 2 ranks take 6 samples each, then the job resumes on 4 ranks (3 each), or on 3 (4 each):
+    // together, the samples in order are those of one process reading the permutation.
+    let single = consumed(48, 1, Position::default(), 24);
+    let before = consumed(48, 2, Position::default(), 6);
+    assert_eq!(before, single[..12]);
+    for world in [4, 3, 1] {
+        let at = Position { epoch: 0, index: 6 }
+            .reshard(Mode::Random, 2, world)
+            .unwrap();
+        assert_eq!(at.index * world, 12);
+        let after = consumed(48, world, at, 12 / world);
+        assert_eq!(after, single[12..24], "resumed on {world} ranks");
+    }
+    let same = Position { epoch: 3, index: 5 };
+    assert_eq!(same.reshard(Mode::Random, 4, 4).unwrap(), same);
+}
+
+#[test]
+fn a_position_that_cannot_be_split_evenly_or_a_page_grouped_one_is_refused() {
+    let at = Position { epoch: 1, index: 5 };
+    let err = at.reshard(Mode::Random, 2, 4).unwrap_err().to_string();
+    assert!(
+        err.contains("10 samples") && err.contains("4 ranks"),
+        "{err}"
+    );
+    let grouped = Mode::PageGrouped {
+        group: 4,
+        window: 2,
+    };
+    let err = at.reshard(grouped, 2, 1).unwrap_err().to_string();
+    assert!(err.contains("resumes only on 2"), "{err}");
+    assert!(at.reshard(Mode::Random, 0, 1).is_err());
+}

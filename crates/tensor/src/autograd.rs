@@ -15,13 +15,19 @@ pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor
 /// One recorded op. Its inputs and closure are taken (freed) when backward runs through it.
 pub(crate) struct Node {
     pub(crate) name: &'static str,
+    /// When the op was recorded: an op's inputs were all recorded before it, so walking ops
+    /// from the latest to the earliest is a valid backward order (PyTorch's engine orders its
+    /// ready queue by this sequence number too).
+    sequence: u64,
     state: Mutex<Option<(Vec<Tensor>, BackwardFn)>>,
 }
 
 impl Node {
     pub(crate) fn new(name: &'static str, inputs: Vec<Tensor>, backward: BackwardFn) -> Arc<Self> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Arc::new(Self {
             name,
+            sequence: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             state: Mutex::new(Some((inputs, backward))),
         })
     }
@@ -86,6 +92,7 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
     }
     if root.is_leaf() {
         root.accumulate_grad(grad)?;
+        root.gradient_ready();
         return Ok(());
     }
     if root.node().is_some_and(|n| n.inputs().is_empty()) {
@@ -94,15 +101,34 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
         ));
     }
     let order = topological_order(root);
+    // Ops run latest-recorded first, and a leaf is accumulated (and its hook called) as soon
+    // as the last op that uses it has passed its gradient back — so the last layer's
+    // parameters are ready while backward is still in the first layers, and data parallelism
+    // can reduce them meanwhile. (A depth-first order would reach a weight's transpose only
+    // after the whole data path below it.)
+    let mut walk: Vec<&Tensor> = order.iter().filter(|t| !t.is_leaf()).collect();
+    walk.sort_by_key(|t| std::cmp::Reverse(t.node().map(|n| n.sequence)));
+    walk.extend(order.iter().rev().filter(|t| t.is_leaf()));
+    // How many recorded ops still have to pass a gradient to each tensor.
+    let mut consumers: HashMap<usize, usize> = HashMap::new();
+    for tensor in &order {
+        for input in tensor.node().map(|n| n.inputs()).unwrap_or_default() {
+            if input.requires_grad() {
+                *consumers.entry(input.key()).or_default() += 1;
+            }
+        }
+    }
     let mut grads: HashMap<usize, Tensor> = HashMap::new();
     grads.insert(root.key(), grad);
     let _no_grad = NoGradGuard::new();
-    for tensor in order.iter().rev() {
+    for tensor in walk {
         let Some(grad) = grads.remove(&tensor.key()) else {
             continue;
         };
         if tensor.is_leaf() {
+            // A leaf not accumulated early (an op returned fewer gradients than inputs).
             tensor.accumulate_grad(grad)?;
+            tensor.gradient_ready();
             continue;
         }
         let Some(node) = tensor.node() else { continue };
@@ -114,15 +140,26 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
         };
         let input_grads = backward(&grad)?;
         for (input, g) in inputs.iter().zip(input_grads) {
-            let Some(g) = g else { continue };
             if !input.requires_grad() {
                 continue;
             }
-            let g = match grads.remove(&input.key()) {
-                Some(previous) => previous.add(&g)?,
-                None => g,
-            };
-            grads.insert(input.key(), g);
+            let left = consumers.get_mut(&input.key()).map(|c| {
+                *c = c.saturating_sub(1);
+                *c
+            });
+            if let Some(g) = g {
+                let g = match grads.remove(&input.key()) {
+                    Some(previous) => previous.add(&g)?,
+                    None => g,
+                };
+                grads.insert(input.key(), g);
+            }
+            if input.is_leaf() && left == Some(0) {
+                if let Some(total) = grads.remove(&input.key()) {
+                    input.accumulate_grad(total)?;
+                    input.gradient_ready();
+                }
+            }
         }
     }
     Ok(())

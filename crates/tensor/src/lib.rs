@@ -42,7 +42,7 @@ pub use error::{Result, TensorError};
 pub use layout::Layout;
 pub use ops::norm::RunningStats;
 pub use ops::optim;
-pub use tensor::{PendingVec, Tensor};
+pub use tensor::{GradHook, PendingVec, Tensor};
 
 /// The reference kernels' scalar formulas, shared with host backends that apply them per element
 /// (one definition of GELU, Philox, cross-entropy, SGD and AdamW, not one per backend).

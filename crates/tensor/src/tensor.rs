@@ -23,7 +23,14 @@ struct Inner {
     requires_grad: bool,
     node: Option<Arc<Node>>,
     grad: Mutex<Option<Tensor>>,
+    /// Called when backward has finished accumulating this leaf's gradient.
+    grad_hook: Mutex<Option<GradHook>>,
 }
+
+/// A leaf's gradient-ready hook (PyTorch's `register_post_accumulate_grad_hook`): called with
+/// the leaf once a backward pass has accumulated its gradient — the moment data parallelism can
+/// start reducing it while backward goes on with the rest of the graph.
+pub type GradHook = Arc<dyn Fn(&Tensor) + Send + Sync>;
 
 impl Tensor {
     /// A tensor over `storage` that is not on the tape.
@@ -39,6 +46,7 @@ impl Tensor {
             requires_grad: false,
             node: None,
             grad: Mutex::new(None),
+            grad_hook: Mutex::new(None),
         }))
     }
 
@@ -223,6 +231,7 @@ impl Tensor {
             requires_grad,
             node: None,
             grad: Mutex::new(None),
+            grad_hook: Mutex::new(None),
         }))
     }
 
@@ -247,6 +256,36 @@ impl Tensor {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Sets (or with `None` removes) the hook a backward pass calls once it has accumulated
+    /// this leaf's gradient: after every tensor that depends on the leaf has passed its
+    /// gradient back, so `grad()` holds the pass's total. Shared by the leaf's clones (a
+    /// module's parameter and the optimizer's handle are one tensor); a new leaf made by
+    /// `with_requires_grad` or `detach` starts without one. Only a leaf that requires
+    /// gradients can have one.
+    pub fn set_grad_hook(&self, hook: Option<GradHook>) -> Result<()> {
+        if !self.is_leaf() || !self.requires_grad() {
+            return Err(TensorError::Autograd(format!(
+                "a gradient hook on a {:?} tensor that is not a leaf requiring gradients",
+                self.shape()
+            )));
+        }
+        *self.0.grad_hook.lock().unwrap_or_else(|p| p.into_inner()) = hook;
+        Ok(())
+    }
+
+    /// Runs the gradient-ready hook, if any (autograd, after accumulating).
+    pub(crate) fn gradient_ready(&self) {
+        let hook = self
+            .0
+            .grad_hook
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(hook) = hook {
+            hook(self);
+        }
     }
 
     /// Clears the accumulated gradient.
@@ -347,6 +386,7 @@ impl Tensor {
             requires_grad: true,
             node: Some(node),
             grad: Mutex::new(None),
+            grad_hook: Mutex::new(None),
         }))
     }
 

@@ -28,6 +28,10 @@ pub struct Progress {
     pub epoch: u64,
     pub index: u64,
     pub seed: u64,
+    /// How many ranks trained (1 without data parallelism): `index` counts one rank's
+    /// samples, so resuming on another world size rescales it
+    /// ([`redline_loader::Position::reshard`]). Checkpoints without it were single-rank.
+    pub world: u64,
 }
 
 fn file_dtype(d: DType) -> Dtype {
@@ -68,6 +72,7 @@ pub fn save(path: &Path, tensors: &[(String, Tensor)], progress: Progress) -> Re
             ("epoch", progress.epoch.to_string()),
             ("index", progress.index.to_string()),
             ("seed", progress.seed.to_string()),
+            ("world", progress.world.to_string()),
         ]
         .map(|(k, v)| (k.to_string(), v)),
     );
@@ -188,6 +193,10 @@ pub fn load(path: &Path, tensors: &[(String, Tensor)]) -> Result<Progress> {
         epoch: number("epoch")?,
         index: number("index")?,
         seed: number("seed")?,
+        world: match metadata.contains_key("world") {
+            true => number("world")?,
+            false => 1,
+        },
     })
 }
 

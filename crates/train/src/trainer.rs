@@ -2,9 +2,14 @@
 
 use redline_amp::{autocast, for_f32, GradScaler};
 use std::path::Path;
+use std::sync::Arc;
 
-use redline_loader::{Batch, LoaderError, Position};
-use redline_nn::{clip_grad_norm, state_dict, zero_grad, Module, Optimizer, Schedule};
+use redline_dist::{Collective, DataParallel};
+
+use redline_loader::{Batch, LoaderError, Mode, Position};
+use redline_nn::{
+    clip_grad_norm, named_parameters, state_dict, zero_grad, Kind, Module, Optimizer, Schedule,
+};
 use redline_tensor::{no_grad, BinaryOp, DType, Device, HostBytes, Op, Tensor};
 
 use crate::checkpoint::{self, Progress};
@@ -73,6 +78,17 @@ pub struct Trainer {
     pending_times: std::collections::VecDeque<PendingTimes>,
     /// The device buffers every upload of a batch of this size writes into.
     staged: std::sync::Mutex<Option<Staged>>,
+    /// This trainer as one rank of a data-parallel job.
+    data_parallel: Option<Ranked>,
+}
+
+/// What a rank of a data-parallel job adds to a trainer.
+struct Ranked {
+    reducer: DataParallel,
+    /// The model's floating-point buffers (batch norm's running statistics): rank 0's are
+    /// broadcast before every training forward, as DDP's `broadcast_buffers` does, so every
+    /// rank evaluates and checkpoints the same model.
+    buffers: Vec<Tensor>,
 }
 
 /// A batch's raw pixels (u8 NHWC) and labels (i64) in device buffers that stay put: each upload
@@ -117,7 +133,45 @@ impl Trainer {
             position: Position::default(),
             pending_times: Default::default(),
             staged: Default::default(),
+            data_parallel: None,
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel job over `collective`: rank 0's
+    /// parameters and buffers are broadcast now, gradients are averaged across ranks in buckets
+    /// of `bucket_bytes` while backward runs ([`DataParallel`]), and rank 0's buffers are
+    /// broadcast before each training forward. Each rank feeds its own shard of the data
+    /// (the loader's `rank` and `world`); batch norm statistics stay local to a rank's batch.
+    pub fn with_data_parallel(
+        mut self,
+        collective: Arc<dyn Collective>,
+        bucket_bytes: usize,
+    ) -> Result<Self> {
+        let params = named_parameters(self.model.as_ref());
+        let buffers: Vec<Tensor> = state_dict(self.model.as_ref())
+            .into_iter()
+            .filter(|(_, t, kind)| *kind == Kind::Buffer && t.dtype().is_float())
+            .map(|(_, t, _)| t)
+            .collect();
+        let reducer = DataParallel::new(collective, params, &buffers, bucket_bytes)?;
+        self.data_parallel = Some(Ranked { reducer, buffers });
+        Ok(self)
+    }
+
+    /// This trainer's rank and the job's world size ((0, 1) without data parallelism).
+    pub fn rank_and_world(&self) -> (usize, usize) {
+        match &self.data_parallel {
+            Some(r) => (
+                r.reducer.collective().rank(),
+                r.reducer.collective().world(),
+            ),
+            None => (0, 1),
+        }
+    }
+
+    /// The data-parallel reducer, when this trainer is a rank of a job.
+    pub fn data_parallel(&self) -> Option<&DataParallel> {
+        self.data_parallel.as_ref().map(|r| &r.reducer)
     }
 
     /// Replaces the GradScaler (another initial scale or growth schedule); fp16 only.
@@ -168,15 +222,46 @@ impl Trainer {
             epoch: self.position.epoch,
             index: self.position.index as u64,
             seed,
+            world: self.rank_and_world().1 as u64,
         };
         checkpoint::save(path, &self.checkpoint_tensors(), progress)
     }
 
     /// Restores what [`Trainer::save`] wrote into this trainer (same model, optimizer and
     /// precision); returns the saved progress (the loader position to resume from is also
-    /// [`Trainer::position`] afterwards).
+    /// [`Trainer::position`] afterwards). A checkpoint of another world size is refused: see
+    /// [`Trainer::load_resharded`].
     pub fn load(&mut self, path: &Path) -> Result<Progress> {
+        let world = self.rank_and_world().1;
         let progress = checkpoint::load(path, &self.checkpoint_tensors())?;
+        if progress.world != world as u64 {
+            return Err(TrainError::Checkpoint(format!(
+                "{}: written by {} ranks, resumed by {world}: resume with load_resharded and the \
+                 loader's order mode",
+                path.display(),
+                progress.world
+            )));
+        }
+        self.loaded(progress)
+    }
+
+    /// [`Trainer::load`] for a checkpoint written by any number of ranks: the loader position is
+    /// converted to this job's world size so the data order continues exactly
+    /// ([`Position::reshard`]; `mode` is the training loader's order).
+    pub fn load_resharded(&mut self, path: &Path, mode: Mode) -> Result<Progress> {
+        let world = self.rank_and_world().1;
+        let mut progress = checkpoint::load(path, &self.checkpoint_tensors())?;
+        let saved = Position {
+            epoch: progress.epoch,
+            index: progress.index as usize,
+        };
+        let here = saved.reshard(mode, progress.world as usize, world)?;
+        progress.index = here.index as u64;
+        progress.world = world as u64;
+        self.loaded(progress)
+    }
+
+    fn loaded(&mut self, progress: Progress) -> Result<Progress> {
         self.model.state_loaded()?;
         self.optimizer.state_loaded(progress.step);
         self.steps = progress.step as usize;
@@ -261,8 +346,11 @@ impl Trainer {
     }
 
     /// Forward and the (label-smoothed) training loss; samples labelled -1 (skipped by the
-    /// loader) are left out.
+    /// loader) are left out. A rank of a data-parallel job first takes rank 0's buffers.
     pub fn forward(&self, inputs: &Inputs) -> Result<Tensor> {
+        if let Some(ranked) = &self.data_parallel {
+            (ranked.reducer.collective()).broadcast(&ranked.buffers, 0)?;
+        }
         let logits = self.logits(&inputs.x)?;
         let smoothing = self.config.label_smoothing;
         Ok(logits.cross_entropy(&inputs.y, smoothing, inputs.ignore_index)?)
@@ -280,7 +368,14 @@ impl Trainer {
     /// Unscale, clip, step (skipped on the device on overflow), update the scale, clear the
     /// gradients. Nothing here waits for the device. The learning rate is written to its device
     /// scalar first; everything after issues the same launches every step (capturable).
+    ///
+    /// A rank of a data-parallel job first waits for the last gradient bucket's average: from
+    /// then on every rank holds the same gradients, so the GradScaler finds the same inf/NaN on
+    /// each (one rank's overflow reaches all through the average) and all skip the same steps.
     pub fn update(&mut self) -> Result<()> {
+        if let Some(ranked) = &self.data_parallel {
+            ranked.reducer.synchronize()?;
+        }
         self.optimizer.set_lr(self.lr())?;
         let found_inf = match &mut self.scaler {
             Some(s) => Some(s.step_flag(&self.params)?.clone()),

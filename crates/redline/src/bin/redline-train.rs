@@ -9,6 +9,14 @@
 //! weight decay 5e-5 on weights only, a one-cycle learning rate peaking at `--lr` (0.2 ×
 //! batch/64), label smoothing 0.1, and FFCV's progressive resizing from `--min-res` to `--res`
 //! over the last part of training.
+//!
+//! Data parallel: started as several processes with torchrun's variables (RANK, WORLD_SIZE,
+//! LOCAL_RANK, MASTER_ADDR, MASTER_PORT — `torchrun --no-python`, `srun`, or
+//! `cargo xtask train --nproc N`), each process trains on its shard of the data with `--batch`
+//! images per step (the global batch is `--batch × WORLD_SIZE`, and the default learning rate
+//! follows it), gradients are averaged across processes during backward, and rank 0 alone
+//! prints progress and writes checkpoints and the report. A checkpoint resumes on any number of
+//! processes with the data order unchanged (the position is rescaled).
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -18,7 +26,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use redline::registry::{self, Kind};
-use redline_loader::{Config, Loader, Position};
+use redline_dist::{Launch, DEFAULT_BUCKET_BYTES};
+use redline_loader::{Config, Loader, Mode, Position};
 use redline_nn::{decay_groups, ResNet, ResNetConfig, Schedule, Sgd};
 use redline_shard::ShardSet;
 use redline_tensor::PendingVec;
@@ -108,7 +117,15 @@ fn run() -> Res<()> {
         .data
         .ok_or("--data DIR (with train/ and val/) is required")?;
     let (train, val) = (open(&data.join("train"))?, open(&data.join("val"))?);
-    let (candidate, device) = registry::select(cli.device.as_deref())?;
+    let launch = Launch::from_env()?.unwrap_or_else(Launch::single);
+    let (rank, world) = (launch.rank, launch.world);
+    let lead = rank == 0;
+    // One device per process: a rank of a job on a CUDA machine takes `cuda:{LOCAL_RANK}`.
+    let local_cuda = format!("cuda:{}", launch.local_rank);
+    let (candidate, device) = match (&cli.device, world > 1) {
+        (None, true) => registry::select(Some(&local_cuda)).or_else(|_| registry::select(None))?,
+        (name, _) => registry::select(name.as_deref())?,
+    };
     // Each epoch's steps are summarised in the report with their ops counted by kind, so
     // `cargo xtask doctor` can read a training run as it reads a bench.
     let synchronous = candidate.kind == Kind::Cpu;
@@ -117,7 +134,7 @@ fn run() -> Res<()> {
     let model_name = cli.model;
     let (res, batch, epochs, wd, seed) = (cli.res, cli.batch, cli.epochs, cli.wd, cli.seed);
     let min_res = cli.min_res.unwrap_or(res);
-    let lr = cli.lr.unwrap_or(0.2 * batch as f64 / 64.0);
+    let lr = cli.lr.unwrap_or(0.2 * (batch * world) as f64 / 64.0);
     let workers = cli
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -138,10 +155,14 @@ fn run() -> Res<()> {
     config.zero_init_residual = true;
     let model = ResNet::new(config, &device)?;
     let sgd = Sgd::new(decay_groups(&model, wd), 0.9, 0.0, true)?;
+    // Training batches come from this rank's shard; evaluation reads the whole split on every
+    // rank (the ranks stay in step, and rank 0 reports it).
     let loader_config = |res: usize, train: bool| Config {
         workers,
         seed,
         allocator: device.host_allocator(),
+        rank: if train { rank } else { 0 },
+        world: if train { world } else { 1 },
         ..Config::new(batch, res, train)
     };
     let per_epoch = Loader::new(train.clone(), loader_config(res, true), Position::default())?
@@ -162,8 +183,17 @@ fn run() -> Res<()> {
         schedule: Schedule::one_cycle(total),
     };
     let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), recipe, device.clone())?;
+    if world > 1 {
+        let collective = redline_dist::connect(&launch, redline_dist::timeout_from_env()?)?;
+        trainer = trainer.with_data_parallel(collective, DEFAULT_BUCKET_BYTES)?;
+        if lead {
+            eprintln!(
+                "redline-train: rank 0 of {world} (data parallel over TCP, batch {batch} per rank)"
+            );
+        }
+    }
     if let Some(ckpt) = &cli.resume {
-        let progress = trainer.load(ckpt)?;
+        let progress = trainer.load_resharded(ckpt, Mode::Random)?;
         eprintln!(
             "resumed {}: step {}, epoch {}, sample {}",
             ckpt.display(),
@@ -174,11 +204,13 @@ fn run() -> Res<()> {
     }
     // FFCV's ramp: the last ~30% of training, ending one epoch before the end.
     let (ramp_start, ramp_end) = ((epochs * 6) / 10, epochs.saturating_sub(1).max(1));
-    eprintln!(
-        "redline-train: {model_name} ({classes} classes) on {}, {precision}, batch {batch}, \
+    if lead {
+        eprintln!(
+            "redline-train: {model_name} ({classes} classes) on {}, {precision}, batch {batch}, \
          {epochs} epochs × {per_epoch} steps, lr {lr} one-cycle, res {min_res}→{res}",
-        device.name()
-    );
+            device.name()
+        );
+    }
     let mut history = Vec::new();
     let started = Instant::now();
     loop {
@@ -220,17 +252,21 @@ fn run() -> Res<()> {
                     loss_sum += loss.wait()?.first().map_or(f64::NAN, |&l| f64::from(l));
                     losses += 1;
                 }
-                eprint!(
-                    "\r  epoch {epoch} step {:>5}/{total}  loss {:.3}  lr {:.4}  {:.1} img/s  ",
-                    trainer.steps(),
-                    loss_sum / losses as f64,
-                    step.lr,
-                    images as f64 / t0.elapsed().as_secs_f64()
-                );
+                if lead {
+                    eprint!(
+                        "\r  epoch {epoch} step {:>5}/{total}  loss {:.3}  lr {:.4}  {:.1} img/s  ",
+                        trainer.steps(),
+                        loss_sum / losses as f64,
+                        step.lr,
+                        images as f64 / t0.elapsed().as_secs_f64()
+                    );
+                }
             }
         }
         times.extend(trainer.take_times()?);
-        eprintln!();
+        if lead {
+            eprintln!();
+        }
         let ops = StepProfile::new(&profile.rows(), times.len(), synchronous, false, false);
         let mut steps = Summary::new(&times, batch).to_json();
         steps["resolution"] = json!(epoch_res);
@@ -243,12 +279,16 @@ fn run() -> Res<()> {
             Loader::new(val.clone(), loader_config(res, false), Position::default())?;
         let n = val_loader.batches_per_epoch();
         let eval = trainer.evaluate(&mut val_loader.by_ref().take(n))?;
-        eprintln!(
+        if lead {
+            eprintln!(
             "  epoch {epoch}: val loss {:.3}, top-1 {:.3}, top-5 {:.3} ({} images, {epoch_res}px train)",
             eval.loss, eval.top1, eval.top5, eval.images
         );
+        }
         let ckpt = checkpoints.join(format!("epoch{epoch}.safetensors"));
-        trainer.save(&ckpt, seed)?;
+        if lead {
+            trainer.save(&ckpt, seed)?;
+        }
         history.push(json!({
             "epoch": epoch, "train_res": epoch_res, "train_images_per_sec":
                 images as f64 / t0.elapsed().as_secs_f64(),
@@ -259,11 +299,14 @@ fn run() -> Res<()> {
     let last = history.last().cloned().unwrap_or_default();
     let report = json!({
         "device": device.name(), "device_kind": format!("{:?}", candidate.kind).to_lowercase(),
-        "workers": workers, "decoder": redline_loader::Codec::best().name(), "model": model_name, "precision": precision.to_string(),
+        "workers": workers, "world": world, "decoder": redline_loader::Codec::best().name(), "model": model_name, "precision": precision.to_string(),
         "batch": batch, "epochs": epochs, "lr": lr, "resolution": res, "min_resolution": min_res,
         "final_val_top1": last["val_top1"], "final_val_top5": last["val_top5"],
         "seconds": started.elapsed().as_secs_f64(), "history": history,
     });
+    if !lead {
+        return Ok(());
+    }
     if let Some(path) = &cli.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
         eprintln!("wrote {}", path.display());

@@ -1,0 +1,214 @@
+//! The `Collective` contract: what data parallelism needs of a communication library (NCCL's
+//! vocabulary: all-reduce, broadcast, barrier), over tensors on any device.
+
+use redline_tensor::{DType, HostBytes, Tensor};
+
+use crate::error::{DistError, Result};
+
+/// How an all-reduce combines the ranks' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    Sum,
+    /// The sum divided by the world size (DDP's gradient average; NCCL's `ncclAvg`).
+    Avg,
+    /// The largest value (a found-inf flag, the longest step).
+    Max,
+}
+
+/// A group of processes, one per device, issuing the same collectives in the same order.
+///
+/// Every call is collective: each rank makes it with tensors of the same shapes and dtypes, and
+/// it returns once this rank's tensors hold the result. A rank that fails or does not arrive
+/// within the group's timeout makes every other rank's call return an error naming it — a job
+/// never hangs on a dead peer. Tensors are updated in place (their storage keeps its device
+/// address), so they must each own a whole dense storage, as gradients, parameters and buffers
+/// do.
+pub trait Collective: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Reduces each tensor element-wise across ranks; every rank ends with the same result.
+    fn all_reduce(&self, tensors: &[Tensor], op: Reduce) -> Result<()>;
+    /// Copies `root`'s tensors to every other rank.
+    fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()>;
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()>;
+}
+
+/// The collective of a job of one process: every operation is the identity.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SingleProcess;
+
+impl Collective for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        1
+    }
+    fn all_reduce(&self, tensors: &[Tensor], _op: Reduce) -> Result<()> {
+        tensors.iter().try_for_each(check_dense)
+    }
+    fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
+        check_root(root, 1)?;
+        tensors.iter().try_for_each(check_dense)
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+pub(crate) fn check_root(root: usize, world: usize) -> Result<()> {
+    match root < world {
+        true => Ok(()),
+        false => Err(DistError::Usage(format!(
+            "broadcast from rank {root} in a world of {world}"
+        ))),
+    }
+}
+
+/// A tensor a collective may overwrite: a whole dense storage of its own.
+pub(crate) fn check_dense(t: &Tensor) -> Result<()> {
+    match t.layout().is_contiguous() && t.storage().len() == t.numel() {
+        true => Ok(()),
+        false => Err(DistError::Usage(format!(
+            "a collective writes whole tensors in place; this {:?} {} tensor is a view of a \
+             {}-element storage",
+            t.shape(),
+            t.dtype(),
+            t.storage().len()
+        ))),
+    }
+}
+
+/// The tensors' elements as one little-endian buffer, in order (a bucket's message).
+pub(crate) fn download_all(tensors: &[Tensor]) -> Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(tensors.iter().map(byte_len).sum());
+    for t in tensors {
+        check_dense(t)?;
+        bytes.extend(t.device().backend().download(t.view())?);
+    }
+    Ok(bytes)
+}
+
+/// Writes a buffer made like [`download_all`]'s back into the tensors, in place.
+pub(crate) fn upload_all(tensors: &[Tensor], bytes: &[u8]) -> Result<()> {
+    let mut at = 0;
+    for t in tensors {
+        let len = byte_len(t);
+        let part = bytes.get(at..at + len).ok_or_else(|| {
+            DistError::Protocol(format!(
+                "a {}-byte result for tensors of {} bytes",
+                bytes.len(),
+                tensors.iter().map(byte_len).sum::<usize>()
+            ))
+        })?;
+        t.copy_from_host(HostBytes::Owned(part.to_vec()))?;
+        at += len;
+    }
+    Ok(())
+}
+
+pub(crate) fn byte_len(t: &Tensor) -> usize {
+    t.numel() * t.dtype().size()
+}
+
+/// What the tensors' elements are, in order: checked on every rank's contribution so that a
+/// rank issuing a different collective is an error, not a silently mixed result.
+pub(crate) fn signature(tensors: &[Tensor]) -> Vec<(DType, usize)> {
+    tensors.iter().map(|t| (t.dtype(), t.numel())).collect()
+}
+
+/// Combines the ranks' buffers (in rank order) of elements described by `signature`: floats
+/// accumulate in f64 and are rounded once, integers in i64 — the same bits on every rank
+/// whatever the timing, since one rank computes the result for all.
+pub(crate) fn reduce_host(
+    contributions: &[Vec<u8>],
+    signature: &[(DType, usize)],
+    op: Reduce,
+) -> Vec<u8> {
+    let Some(first) = contributions.first() else {
+        return Vec::new();
+    };
+    let mut out = first.clone();
+    let world = contributions.len() as f64;
+    let mut at = 0;
+    for &(dtype, n) in signature {
+        let size = dtype.size();
+        let slices: Vec<&[u8]> = contributions
+            .iter()
+            .map(|c| &c[at * size..(at + n) * size])
+            .collect();
+        let dst = &mut out[at * size..(at + n) * size];
+        if dtype.is_float() {
+            for i in 0..n {
+                let values = slices.iter().map(|s| dtype.read(s, i));
+                let v = match op {
+                    Reduce::Sum => values.sum::<f64>(),
+                    Reduce::Avg => values.sum::<f64>() / world,
+                    Reduce::Max => values.fold(f64::NEG_INFINITY, max_nan),
+                };
+                dtype.write(dst, i, v);
+            }
+        } else {
+            for i in 0..n {
+                let values = slices.iter().map(|s| read_int(dtype, s, i));
+                let v = match op {
+                    Reduce::Sum => values.fold(0i64, i64::wrapping_add),
+                    Reduce::Avg => values.fold(0i64, i64::wrapping_add) / world as i64,
+                    Reduce::Max => values.max().unwrap_or(0),
+                };
+                write_int(dtype, dst, i, v);
+            }
+        }
+        at += n;
+    }
+    out
+}
+
+/// The larger value, NaN winning (a NaN found-inf flag or loss must reach every rank).
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn read_int(dtype: DType, bytes: &[u8], i: usize) -> i64 {
+    match dtype {
+        DType::I64 => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8])),
+        _ => dtype.read(bytes, i) as i64,
+    }
+}
+
+fn write_int(dtype: DType, bytes: &mut [u8], i: usize, v: i64) {
+    match dtype {
+        DType::I64 => bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes()),
+        _ => dtype.write(bytes, i, v as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn host_reduction_sums_averages_and_maxes_in_rank_order() {
+        let a = [f32s(&[1.0, -2.0, 0.5]), f32s(&[3.0, 4.0, f32::NAN])];
+        let sig = [(DType::F32, 3)];
+        let read = |b: Vec<u8>| redline_tensor::dtype::from_bytes::<f32>(&b, DType::F32);
+        assert_eq!(read(reduce_host(&a, &sig, Reduce::Sum))[..2], [4.0, 2.0]);
+        assert_eq!(read(reduce_host(&a, &sig, Reduce::Avg))[..2], [2.0, 1.0]);
+        let max = read(reduce_host(&a, &sig, Reduce::Max));
+        assert_eq!(max[..2], [3.0, 4.0]);
+        assert!(max[2].is_nan(), "a NaN reaches every rank");
+        let big = [i64::MAX - 1, 7];
+        let ints: Vec<Vec<u8>> = big.iter().map(|v| v.to_le_bytes().to_vec()).collect();
+        let sum = reduce_host(&ints, &[(DType::I64, 1)], Reduce::Max);
+        assert_eq!(i64::from_le_bytes(sum.try_into().unwrap()), i64::MAX - 1);
+    }
+}

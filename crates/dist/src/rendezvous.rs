@@ -1,0 +1,53 @@
+//! Forming the group from the launch environment: find the store, then connect the ranks.
+//!
+//! Without torchrun's agent, rank 0 serves the store on MASTER_PORT and the others connect to
+//! it (retrying until it is up, within the timeout). Under torchrun's elastic agent a TCPStore
+//! already listens there (`TORCHELASTIC_USE_AGENT_STORE=True`): every rank is a client of it.
+//! Keys are scoped by the run id and the restart count, so a restarted job never reads a failed
+//! attempt's entries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::collective::{Collective, SingleProcess};
+use crate::env::Launch;
+use crate::error::{DistError, Result};
+use crate::store::{StoreClient, StoreServer};
+use crate::tcp::TcpCollective;
+
+/// How long a rank waits for the others, unless `REDLINE_DIST_TIMEOUT` (seconds) says otherwise:
+/// long enough for a slow rank's checkpoint or a first cuDNN search, short enough that a job
+/// with a dead rank ends instead of burning its allocation.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The group's timeout: `REDLINE_DIST_TIMEOUT` in seconds, or [`DEFAULT_TIMEOUT`].
+pub fn timeout_from_env() -> Result<Duration> {
+    match std::env::var("REDLINE_DIST_TIMEOUT") {
+        Err(_) => Ok(DEFAULT_TIMEOUT),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
+            _ => Err(DistError::Env {
+                var: "REDLINE_DIST_TIMEOUT",
+                message: format!("{v:?} is not a positive number of seconds"),
+            }),
+        },
+    }
+}
+
+/// The CPU collective for the job `launch` describes ([`SingleProcess`] for a world of one).
+pub fn connect(launch: &Launch, timeout: Duration) -> Result<Arc<dyn Collective>> {
+    if launch.world == 1 {
+        return Ok(Arc::new(SingleProcess));
+    }
+    let address = format!("{}:{}", launch.master_addr, launch.master_port);
+    // Rank 0 serves the store unless torchrun's agent does; the group keeps it.
+    let server = match launch.rank == 0 && !launch.agent_store {
+        true => Some(StoreServer::bind(&address)?),
+        false => None,
+    };
+    let mut store = StoreClient::connect(&address, timeout)?;
+    let prefix = format!("redline/attempt_{}/", launch.restart);
+    let collective =
+        TcpCollective::connect(&mut store, &prefix, launch.rank, launch.world, timeout)?;
+    Ok(Arc::new(collective.keeping(server)))
+}

@@ -1,0 +1,515 @@
+//! The CPU collective: every rank connected to rank 0 over TCP (a star), rank 0 combining the
+//! contributions in rank order and sending the result back.
+//!
+//! For tests, CPU training and the handful of small collectives of a GPU job's start — not a
+//! performance claim: a star moves `2 (world - 1)` buffers through one process where NCCL's
+//! ring moves `2 (world - 1) / world` per rank. What it does guarantee: every rank gets the
+//! same bits (one rank computes the result for all, in rank order), and no rank ever hangs on
+//! a dead or stuck peer — every read has the group's timeout, a closed connection is noticed at
+//! once, and rank 0 tells the others which rank failed before it gives up.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redline_tensor::Tensor;
+
+use crate::collective::{
+    check_root, download_all, reduce_host, signature, upload_all, Collective, Reduce,
+};
+use crate::error::{DistError, Result};
+use crate::store::Store;
+
+const MAGIC: u32 = 0x5244_4C43; // "RDLC"
+/// The largest message a rank accepts (a guard against a stray peer's garbage length).
+const MAX_PAYLOAD: u64 = 1 << 40;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Hello = 1,
+    Welcome = 2,
+    AllReduce = 3,
+    Broadcast = 4,
+    Barrier = 5,
+    Result = 6,
+    Abort = 7,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Self> {
+        [
+            Kind::Hello,
+            Kind::Welcome,
+            Kind::AllReduce,
+            Kind::Broadcast,
+            Kind::Barrier,
+            Kind::Result,
+            Kind::Abort,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == v)
+    }
+}
+
+/// One message: what it is, which collective of the sequence it belongs to, a word of detail
+/// (the reduction and the tensors' digest, a rank) and the bytes.
+struct Frame {
+    kind: Kind,
+    seq: u64,
+    aux: u64,
+    payload: Vec<u8>,
+}
+
+/// A connection to one other rank.
+struct Link {
+    rank: usize,
+    stream: TcpStream,
+}
+
+/// Why a link failed, before it is turned into an error naming the rank.
+enum LinkFailure {
+    Closed,
+    Silent,
+    Io(std::io::Error),
+    Garbled(String),
+    /// The other side aborted the group, blaming `rank`.
+    Aborted {
+        rank: usize,
+        message: String,
+    },
+}
+
+impl Link {
+    fn new(rank: usize, stream: TcpStream, timeout: Duration) -> std::io::Result<Self> {
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        Ok(Self { rank, stream })
+    }
+
+    fn send(&mut self, kind: Kind, seq: u64, aux: u64, payload: &[u8]) -> Result<(), LinkFailure> {
+        let mut head = [0u8; 29];
+        head[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        head[4] = kind as u8;
+        head[5..13].copy_from_slice(&seq.to_le_bytes());
+        head[13..21].copy_from_slice(&aux.to_le_bytes());
+        head[21..29].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        (self.stream.write_all(&head))
+            .and_then(|_| self.stream.write_all(payload))
+            .map_err(failure)
+    }
+
+    fn recv(&mut self) -> Result<Frame, LinkFailure> {
+        let mut head = [0u8; 29];
+        self.stream.read_exact(&mut head).map_err(failure)?;
+        let word =
+            |r: std::ops::Range<usize>| u64::from_le_bytes(head[r].try_into().unwrap_or([0; 8]));
+        if head[0..4] != MAGIC.to_le_bytes() {
+            return Err(LinkFailure::Garbled(
+                "not a redline collective message".into(),
+            ));
+        }
+        let kind = Kind::from_u8(head[4])
+            .ok_or_else(|| LinkFailure::Garbled(format!("unknown message kind {}", head[4])))?;
+        let (seq, aux, len) = (word(5..13), word(13..21), word(21..29));
+        if len > MAX_PAYLOAD {
+            return Err(LinkFailure::Garbled(format!("a {len}-byte message")));
+        }
+        let mut payload = vec![0u8; len as usize];
+        self.stream.read_exact(&mut payload).map_err(failure)?;
+        if kind == Kind::Abort {
+            return Err(LinkFailure::Aborted {
+                rank: aux as usize,
+                message: String::from_utf8_lossy(&payload).into_owned(),
+            });
+        }
+        Ok(Frame {
+            kind,
+            seq,
+            aux,
+            payload,
+        })
+    }
+
+    /// The next frame, which must be `kind` for collective `seq`.
+    fn expect(&mut self, kind: Kind, seq: u64) -> Result<Frame, LinkFailure> {
+        let frame = self.recv()?;
+        if frame.kind != kind || frame.seq != seq {
+            return Err(LinkFailure::Garbled(format!(
+                "sent {:?} #{} while this rank is at {kind:?} #{seq} (ranks issued different \
+                 collectives)",
+                frame.kind, frame.seq
+            )));
+        }
+        Ok(frame)
+    }
+}
+
+fn failure(e: std::io::Error) -> LinkFailure {
+    match e.kind() {
+        ErrorKind::UnexpectedEof
+        | ErrorKind::ConnectionReset
+        | ErrorKind::ConnectionAborted
+        | ErrorKind::BrokenPipe => LinkFailure::Closed,
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => LinkFailure::Silent,
+        _ => LinkFailure::Io(e),
+    }
+}
+
+/// The links and where the group is in its sequence of collectives.
+struct Group {
+    /// Rank 0: one link per other rank (rank r at r - 1). Others: the link to rank 0.
+    links: Vec<Link>,
+    seq: u64,
+    /// Set when the group failed: every later call fails the same way, at once.
+    broken: Option<(usize, String)>,
+}
+
+/// A [`Collective`] over TCP: see the module docs.
+pub struct TcpCollective {
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    group: Mutex<Group>,
+    /// The store rank 0 serves, kept as long as the group (ranks read it while joining).
+    _store: Option<crate::store::StoreServer>,
+}
+
+/// The store key under which rank 0 publishes its collective's address.
+fn root_key(prefix: &str) -> String {
+    format!("{prefix}collective/root")
+}
+
+impl TcpCollective {
+    /// Forms the group: rank 0 listens on an ephemeral port of the address it reaches the
+    /// store from and publishes it under `prefix`; the others read it and connect. Returns
+    /// once all `world` ranks are connected; a rank that has not joined within `timeout` is
+    /// named in the error every rank gets.
+    pub fn connect(
+        store: &mut dyn Store,
+        prefix: &str,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        if rank >= world {
+            return Err(DistError::Usage(format!(
+                "rank {rank} of a world of {world}"
+            )));
+        }
+        let links = match rank {
+            0 => Self::accept_all(store, prefix, world, timeout)?,
+            _ => vec![Self::join(store, prefix, rank, world, timeout)?],
+        };
+        Ok(Self {
+            rank,
+            world,
+            timeout,
+            group: Mutex::new(Group {
+                links,
+                seq: 0,
+                broken: None,
+            }),
+            _store: None,
+        })
+    }
+
+    /// Keeps the store this rank serves alive as long as the group.
+    pub(crate) fn keeping(mut self, server: Option<crate::store::StoreServer>) -> Self {
+        self._store = server;
+        self
+    }
+
+    fn accept_all(
+        store: &mut dyn Store,
+        prefix: &str,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Link>> {
+        let ip: IpAddr = store.local_ip();
+        let listener = TcpListener::bind((ip, 0))
+            .map_err(|e| DistError::io(format!("rank 0: listening on {ip}"), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| DistError::io("rank 0: its listening address", e))?;
+        store.set(&root_key(prefix), addr.to_string().as_bytes())?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| DistError::io("rank 0: a non-blocking listener", e))?;
+        let deadline = Instant::now() + timeout;
+        let mut joined: Vec<Option<Link>> = (0..world).map(|_| None).collect();
+        let mut missing: Vec<usize> = (1..world).collect();
+        while !missing.is_empty() {
+            if Instant::now() >= deadline {
+                let message = format!(
+                    "rank(s) {missing:?} of {world} did not join within {timeout:?} (not started, \
+                     or started with another MASTER_ADDR/MASTER_PORT)"
+                );
+                for link in joined.iter_mut().flatten() {
+                    let _ = link.send(Kind::Abort, 0, missing[0] as u64, message.as_bytes());
+                }
+                return Err(DistError::Rendezvous {
+                    address: addr.to_string(),
+                    timeout,
+                    message,
+                });
+            }
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                Err(e) => return Err(DistError::io("rank 0: accepting a rank", e)),
+            };
+            // A connection that does not say who it is within a second is not one of ours.
+            let hello = (stream.set_nonblocking(false))
+                .and_then(|_| Link::new(usize::MAX, stream, Duration::from_secs(1)));
+            let Ok(mut link) = hello else { continue };
+            let Ok(frame) = link.expect(Kind::Hello, 0) else {
+                continue;
+            };
+            let (r, their_world) = (frame.aux as usize, read_u64(&frame.payload));
+            if their_world != Some(world as u64) || r == 0 || r >= world {
+                let message = format!(
+                    "a process claiming rank {r} of a world of {their_world:?} joined a world of {world}"
+                );
+                let _ = link.send(Kind::Abort, 0, r as u64, message.as_bytes());
+                return Err(DistError::Protocol(message));
+            }
+            if joined[r].is_some() {
+                let message = format!("two processes claim rank {r}");
+                let _ = link.send(Kind::Abort, 0, r as u64, message.as_bytes());
+                return Err(DistError::Protocol(message));
+            }
+            link.rank = r;
+            (link.stream.set_read_timeout(Some(timeout)))
+                .and_then(|_| link.stream.set_write_timeout(Some(timeout)))
+                .map_err(|e| DistError::io(format!("rank 0: the link to rank {r}"), e))?;
+            joined[r] = Some(link);
+            missing.retain(|&m| m != r);
+        }
+        let mut links: Vec<Link> = joined.into_iter().flatten().collect();
+        for link in &mut links {
+            let r = link.rank;
+            link.send(Kind::Welcome, 0, world as u64, &[])
+                .map_err(|f| peer_error(r, "the rendezvous", f, timeout))?;
+        }
+        Ok(links)
+    }
+
+    fn join(
+        store: &mut dyn Store,
+        prefix: &str,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Link> {
+        let address = String::from_utf8_lossy(&store.get(&root_key(prefix), timeout)?).into_owned();
+        let addr: SocketAddr = address.parse().map_err(|_| {
+            DistError::Protocol(format!("rank 0 published {address:?} as its address"))
+        })?;
+        let stream =
+            TcpStream::connect_timeout(&addr, timeout).map_err(|e| DistError::Rendezvous {
+                address: address.clone(),
+                timeout,
+                message: format!("rank {rank} could not connect to rank 0: {e}"),
+            })?;
+        // Rank 0 gathers every contribution within one timeout and may itself arrive up to a
+        // timeout late: the others wait twice as long for its answer, so that a stalled rank is
+        // blamed by rank 0 (which knows who it is) before anyone blames rank 0.
+        let mut link = Link::new(0, stream, 2 * timeout).map_err(|e| {
+            DistError::io(format!("rank {rank}: the link to rank 0 at {address}"), e)
+        })?;
+        let during = "the rendezvous";
+        link.send(Kind::Hello, 0, rank as u64, &(world as u64).to_le_bytes())
+            .map_err(|f| peer_error(0, during, f, timeout))?;
+        // Rank 0 answers once everyone has joined, within its own timeout, which began before
+        // it published the address this rank just used.
+        link.expect(Kind::Welcome, 0)
+            .map_err(|f| peer_error(0, during, f, timeout))?;
+        Ok(link)
+    }
+
+    /// Runs one collective: each non-root rank sends `payload` to rank 0; rank 0 calls
+    /// `combine` with every rank's payload (its own first) and sends back what it returns.
+    fn exchange(
+        &self,
+        kind: Kind,
+        aux: u64,
+        payload: Vec<u8>,
+        combine: impl FnOnce(Vec<Vec<u8>>) -> Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((rank, message)) = &group.broken {
+            return Err(DistError::Peer {
+                rank: *rank,
+                during: format!("an earlier collective ({kind:?} is refused)"),
+                message: message.clone(),
+            });
+        }
+        group.seq += 1;
+        let seq = group.seq;
+        let during = format!("{kind:?} #{seq}");
+        let result = match self.rank {
+            0 => {
+                self.gather_and_answer(&mut group.links, kind, seq, aux, payload, combine, &during)
+            }
+            _ => {
+                let link = &mut group.links[0];
+                (link.send(kind, seq, aux, &payload))
+                    .and_then(|_| link.expect(Kind::Result, seq))
+                    .map(|f| f.payload)
+                    .map_err(|f| peer_error(0, &during, f, self.timeout))
+            }
+        };
+        if let Err(DistError::Peer { rank, message, .. }) = &result {
+            group.broken = Some((*rank, message.clone()));
+            if self.rank == 0 {
+                // Tell everyone still listening who failed, so they stop waiting now.
+                for link in &mut group.links {
+                    let _ = link.send(Kind::Abort, seq, *rank as u64, message.as_bytes());
+                }
+            }
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gather_and_answer(
+        &self,
+        links: &mut [Link],
+        kind: Kind,
+        seq: u64,
+        aux: u64,
+        own: Vec<u8>,
+        combine: impl FnOnce(Vec<Vec<u8>>) -> Result<Vec<u8>>,
+        during: &str,
+    ) -> Result<Vec<u8>> {
+        let mut all = Vec::with_capacity(self.world);
+        all.push(own);
+        // Every contribution within one timeout from now, however many ranks are silent.
+        let deadline = Instant::now() + self.timeout;
+        for link in links.iter_mut() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let waited = (link
+                .stream
+                .set_read_timeout(Some(left.max(Duration::from_millis(1)))))
+            .map_err(LinkFailure::Io)
+            .and_then(|_| link.expect(kind, seq));
+            let frame = waited.map_err(|f| peer_error(link.rank, during, f, self.timeout))?;
+            if frame.aux != aux || (frame.payload.len() != all[0].len() && kind != Kind::Broadcast)
+            {
+                let message = format!(
+                    "sent {} bytes (detail {:#x}) where rank 0 has {} (detail {aux:#x}): the \
+                     ranks passed different tensors",
+                    frame.payload.len(),
+                    frame.aux,
+                    all[0].len()
+                );
+                return Err(DistError::Peer {
+                    rank: link.rank,
+                    during: during.to_string(),
+                    message,
+                });
+            }
+            all.push(frame.payload);
+        }
+        let result = combine(all)?;
+        for link in links.iter_mut() {
+            link.send(Kind::Result, seq, 0, &result)
+                .map_err(|f| peer_error(link.rank, during, f, self.timeout))?;
+        }
+        Ok(result)
+    }
+}
+
+fn read_u64(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+}
+
+fn peer_error(rank: usize, during: &str, failure: LinkFailure, timeout: Duration) -> DistError {
+    let (rank, message) = match failure {
+        LinkFailure::Closed => (
+            rank,
+            "closed its connection (the process exited or was killed)".into(),
+        ),
+        LinkFailure::Silent => (
+            rank,
+            format!("sent nothing for {timeout:?} (stuck, or far behind)"),
+        ),
+        LinkFailure::Io(e) => (rank, format!("connection error: {e}")),
+        LinkFailure::Garbled(m) => (rank, m),
+        LinkFailure::Aborted { rank, message } => (rank, format!("{message} (reported by rank 0)")),
+    };
+    DistError::Peer {
+        rank,
+        during: during.to_string(),
+        message,
+    }
+}
+
+/// A 56-bit digest of the tensors' dtypes and sizes and the reduction, compared across ranks.
+fn digest(tensors: &[Tensor], op: u8) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (dtype, n) in signature(tensors) {
+        (dtype.to_string(), n).hash(&mut h);
+    }
+    (h.finish() & 0x00FF_FFFF_FFFF_FFFF) | ((op as u64) << 56)
+}
+
+impl Collective for TcpCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce(&self, tensors: &[Tensor], op: Reduce) -> Result<()> {
+        let own = download_all(tensors)?;
+        let sig = signature(tensors);
+        let code = match op {
+            Reduce::Sum => 1,
+            Reduce::Avg => 2,
+            Reduce::Max => 3,
+        };
+        let result = self.exchange(Kind::AllReduce, digest(tensors, code), own, |all| {
+            Ok(reduce_host(&all, &sig, op))
+        })?;
+        upload_all(tensors, &result)
+    }
+
+    fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
+        check_root(root, self.world)?;
+        // Only the root's bytes travel in: the others send an empty contribution.
+        let own = match self.rank == root {
+            true => download_all(tensors)?,
+            false => Vec::new(),
+        };
+        let aux = digest(tensors, 0x10 | root as u8);
+        let expected: usize = tensors.iter().map(crate::collective::byte_len).sum();
+        let result = self.exchange(Kind::Broadcast, aux, own, |mut all| {
+            Ok(std::mem::take(&mut all[root]))
+        })?;
+        if result.len() != expected {
+            return Err(DistError::Protocol(format!(
+                "broadcast from rank {root}: {} bytes for tensors of {expected}",
+                result.len()
+            )));
+        }
+        if self.rank != root {
+            upload_all(tensors, &result)?;
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.exchange(Kind::Barrier, 0, Vec::new(), |_| Ok(Vec::new()))
+            .map(|_| ())
+    }
+}

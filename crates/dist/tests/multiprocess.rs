@@ -1,0 +1,551 @@
+//! Data parallelism across real processes on loopback, with the CPU collective: each test
+//! starts its ranks as child processes (this test binary again, running [`rank_process`] with
+//! torchrun's variables set) and checks what they wrote.
+//!
+//! * K steps on 2 and 4 ranks leave every rank with the same weights, equal (to a stated
+//!   tolerance: the gradient average rounds differently from one large batch's mean) to one
+//!   process trained on the concatenated batches. The model has no batch norm: local batch
+//!   statistics differ from the whole batch's by design.
+//! * A rank that is killed, stalls, or never starts makes every other rank fail with an error
+//!   naming it, within the timeout.
+//! * A checkpoint written by 2 ranks resumes on 4 with the same data order and the same result.
+//! * With a GradScaler, an overflow in one rank's batch makes every rank skip the step.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redline_amp::GradScaler;
+use redline_dist::{Collective, DataParallel, Launch, SingleProcess};
+use redline_loader::{Mode, Order, Position, Uneven};
+use redline_nn::layers::GlobalAvgPool;
+use redline_nn::{
+    named_parameters, zero_grad, Conv2d, Init, Linear, Module, Optimizer, ParamGroup, ReLU,
+    Sequential, Sgd,
+};
+use redline_tensor::{Conv2dParams, DType, Device, Tensor};
+
+const DATASET: usize = 96;
+const SEED: u64 = 11;
+const LR: f64 = 0.2;
+/// Small buckets, so that the model's 6 parameters make several.
+const BUCKET_BYTES: usize = 2048;
+
+fn model(device: &Device) -> Sequential {
+    let mut init = Init::new(SEED, device, DType::F32);
+    let conv = |init: &mut Init, i, o, stride| {
+        let p = Conv2dParams {
+            stride: [stride; 2],
+            padding: [1, 1],
+            ..Conv2dParams::default()
+        };
+        Conv2d::new(init, i, o, 3, p).unwrap()
+    };
+    Sequential::new()
+        .push(conv(&mut init, 3, 8, 1))
+        .push(ReLU)
+        .push(conv(&mut init, 8, 16, 2))
+        .push(ReLU)
+        .push(GlobalAvgPool)
+        .push(Linear::new(&mut init, 16, 10).unwrap())
+}
+
+/// Sample `i` of a synthetic dataset: a 3×8×8 image from a hash of `i`, and the class `i % 10`
+/// (plus a pattern the class sets, so there is something to learn).
+fn sample(i: u64) -> (Vec<f32>, i64) {
+    let class = (i % 10) as i64;
+    let pixels = (0..192u64)
+        .map(|j| {
+            let h = (i * 192 + j)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .rotate_left(17);
+            let noise = (h >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            noise + if j % 10 == class as u64 { 1.0 } else { 0.0 }
+        })
+        .collect();
+    (pixels, class)
+}
+
+fn batch(indices: &[u64], poison: Option<u64>, device: &Device) -> (Tensor, Tensor) {
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for &i in indices {
+        let (mut p, c) = sample(i);
+        if poison == Some(i) {
+            p.iter_mut().for_each(|v| *v = f32::INFINITY);
+        }
+        x.extend(p);
+        y.push(c);
+    }
+    let n = indices.len();
+    (
+        Tensor::from_slice(&x, &[n, 3, 8, 8], device).unwrap(),
+        Tensor::from_slice(&y, &[n], device).unwrap(),
+    )
+}
+
+/// What a rank does: `steps` steps of `per_rank` samples, optionally from a checkpoint and
+/// optionally saving one; returns the weights (flattened) or the error's text.
+struct Run {
+    collective: Arc<dyn Collective>,
+    per_rank: usize,
+    steps: usize,
+    resume: Option<PathBuf>,
+    save: Option<PathBuf>,
+    /// This rank exits (as if killed) or stalls after this many steps.
+    fail_after: Option<(usize, Failure)>,
+    /// Train under a GradScaler, with this dataset sample's pixels made infinite.
+    poison: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Failure {
+    Exit,
+    Stall,
+}
+
+/// The weights (flattened, then the GradScaler's scale when there is one) and the bucket
+/// launches (`bucket pending` per line), or the error's text.
+fn train(run: Run) -> Result<(Vec<f32>, Vec<String>), String> {
+    let device = redline_cpu::CpuBackend::device();
+    let net = model(&device);
+    let named = named_parameters(&net);
+    let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
+    let (rank, world) = (run.collective.rank(), run.collective.world());
+    let dp = DataParallel::new(run.collective.clone(), named, &[], BUCKET_BYTES)
+        .map_err(|e| e.to_string())?;
+    let mut opt = Sgd::new(vec![ParamGroup::new(params.clone(), 1e-4)], 0.9, 0.0, false)
+        .map_err(|e| e.to_string())?;
+    let mut position = Position::default();
+    if let Some(path) = &run.resume {
+        position = load(path, &params, &opt.state(), world)?;
+    }
+    let order = Order::new(DATASET, SEED, Mode::Random)
+        .and_then(|o| o.sharded(rank, world, Uneven::Drop))
+        .map_err(|e| e.to_string())?;
+    let mine = order.epoch(position.epoch);
+    let mut scaler = match run.poison {
+        Some(_) => Some(GradScaler::new(&device, DType::F32).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let mut launches = Vec::new();
+    for step in 0..run.steps {
+        if let Some((after, failure)) = run.fail_after {
+            if step == after {
+                match failure {
+                    Failure::Exit => std::process::exit(9),
+                    Failure::Stall => std::thread::sleep(Duration::from_secs(3600)),
+                }
+            }
+        }
+        let at = position.index;
+        let (x, y) = batch(&mine[at..at + run.per_rank], run.poison, &device);
+        let loss = net
+            .forward(&x)
+            .and_then(|logits| logits.cross_entropy(&y, 0.0, None))
+            .map_err(|e| e.to_string())?;
+        let scaled = match &scaler {
+            Some(s) => s.scale(&loss).map_err(|e| e.to_string())?,
+            None => loss,
+        };
+        scaled.backward().map_err(|e| e.to_string())?;
+        dp.synchronize().map_err(|e| e.to_string())?;
+        launches.extend(
+            dp.last_launches()
+                .iter()
+                .map(|l| format!("{} {}", l.bucket, l.grads_pending)),
+        );
+        let found_inf = match &mut scaler {
+            Some(s) => Some(s.step_flag(&params).map_err(|e| e.to_string())?.clone()),
+            None => None,
+        };
+        opt.step(LR, found_inf.as_ref())
+            .map_err(|e| e.to_string())?;
+        if let Some(s) = &mut scaler {
+            s.update().map_err(|e| e.to_string())?;
+        }
+        zero_grad(opt.groups());
+        position.index += run.per_rank;
+    }
+    if let (Some(path), 0) = (&run.save, rank) {
+        save(path, &params, &opt.state(), position, world)?;
+    }
+    let mut weights = Vec::new();
+    for p in &params {
+        weights.extend(p.to_vec::<f32>().map_err(|e| e.to_string())?);
+    }
+    if let Some(s) = &scaler {
+        weights.extend(s.state()[0].1.to_vec::<f32>().map_err(|e| e.to_string())?);
+    }
+    Ok((weights, launches))
+}
+
+/// A checkpoint: the world size, the position, then every tensor's bytes.
+fn save(
+    path: &Path,
+    params: &[Tensor],
+    state: &[(String, Tensor)],
+    at: Position,
+    world: usize,
+) -> Result<(), String> {
+    let mut bytes = Vec::new();
+    for v in [world as u64, at.epoch, at.index as u64] {
+        bytes.extend(v.to_le_bytes());
+    }
+    for t in params.iter().chain(state.iter().map(|(_, t)| t)) {
+        let host = t.to_vec::<f64>().map_err(|e| e.to_string())?;
+        bytes.extend(host.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    std::fs::write(path, bytes).map_err(|e| e.to_string())
+}
+
+fn load(
+    path: &Path,
+    params: &[Tensor],
+    state: &[(String, Tensor)],
+    world: usize,
+) -> Result<Position, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let word = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+    let saved = Position {
+        epoch: word(1),
+        index: word(2) as usize,
+    };
+    let mut at = 24;
+    for t in params.iter().chain(state.iter().map(|(_, t)| t)) {
+        let values: Vec<f64> = (0..t.numel())
+            .map(|i| f64::from_le_bytes(bytes[at + i * 8..at + i * 8 + 8].try_into().unwrap()))
+            .collect();
+        at += values.len() * 8;
+        t.copy_from_f64s(&values).map_err(|e| e.to_string())?;
+    }
+    saved
+        .reshard(Mode::Random, word(0) as usize, world)
+        .map_err(|e| e.to_string())
+}
+
+// --- the rank side ----------------------------------------------------------------------
+
+/// One rank of a job started by the tests below (it fails when run by hand: it needs the
+/// variables they set).
+#[test]
+#[ignore = "a rank of the multi-process tests, which start it with RANK, WORLD_SIZE, … set"]
+fn rank_process() {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let out = PathBuf::from(var("REDLINE_TEST_OUT"));
+    let launch = Launch::from_env()
+        .unwrap()
+        .expect("started by a multi-process test");
+    let timeout = redline_dist::timeout_from_env().unwrap();
+    let number = |k: &str| var(k).parse::<usize>().ok();
+    let result = redline_dist::connect(&launch, timeout)
+        .map_err(|e| e.to_string())
+        .and_then(|collective| {
+            let fail_after = match var("REDLINE_TEST_FAIL").as_str() {
+                "exit" => Some(Failure::Exit),
+                "stall" => Some(Failure::Stall),
+                _ => None,
+            };
+            let fails = number("REDLINE_TEST_FAILING_RANK") == Some(launch.rank);
+            train(Run {
+                collective,
+                per_rank: number("REDLINE_TEST_PER_RANK").unwrap_or(4),
+                steps: number("REDLINE_TEST_STEPS").unwrap_or(3),
+                resume: std::env::var_os("REDLINE_TEST_RESUME").map(PathBuf::from),
+                save: std::env::var_os("REDLINE_TEST_SAVE").map(PathBuf::from),
+                fail_after: fail_after.filter(|_| fails).map(|f| (1, f)),
+                poison: var("REDLINE_TEST_POISON").parse().ok(),
+            })
+        });
+    let rank = launch.rank;
+    match result {
+        Ok((weights, launches)) => {
+            let bytes: Vec<u8> = weights.iter().flat_map(|w| w.to_le_bytes()).collect();
+            std::fs::write(out.join(format!("rank{rank}.bin")), bytes).unwrap();
+            std::fs::write(
+                out.join(format!("rank{rank}.launches")),
+                launches.join("\n"),
+            )
+            .unwrap();
+        }
+        Err(e) => std::fs::write(out.join(format!("rank{rank}.err")), e).unwrap(),
+    }
+}
+
+// --- the test side ----------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `ranks` of a job of `world` with extra variables; returns the children.
+fn start(world: usize, ranks: &[usize], out: &Path, extra: &[(&str, String)]) -> Vec<Child> {
+    let port = free_port();
+    let exe = std::env::current_exe().unwrap();
+    ranks
+        .iter()
+        .map(|&rank| {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "rank_process",
+                "--exact",
+                "--ignored",
+                "--quiet",
+                "--test-threads=1",
+            ])
+            .envs(Launch::local_vars(rank, world, port))
+            .env("REDLINE_TEST_OUT", out)
+            .env("REDLINE_CPU_THREADS", "1");
+            for (k, v) in extra {
+                cmd.env(k, v);
+            }
+            cmd.stdout(std::process::Stdio::null()).spawn().unwrap()
+        })
+        .collect()
+}
+
+fn wait_all(children: Vec<Child>) {
+    for mut child in children {
+        let _ = child.wait();
+    }
+}
+
+fn weights_of(out: &Path, rank: usize) -> Vec<f32> {
+    let path = out.join(format!("rank{rank}.bin"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|_| {
+        let err = std::fs::read_to_string(out.join(format!("rank{rank}.err")));
+        panic!("rank {rank} wrote no weights; its error: {err:?}")
+    });
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn single_process(per_rank: usize, steps: usize, poison: Option<u64>) -> Vec<f32> {
+    train(Run {
+        collective: Arc::new(SingleProcess),
+        per_rank,
+        steps,
+        resume: None,
+        save: None,
+        fail_after: None,
+        poison,
+    })
+    .unwrap()
+    .0
+}
+
+/// The largest difference, relative to the largest weight.
+fn max_relative_difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// The stated tolerance: averaging `world` per-rank means rounds differently (in f32) from one
+/// mean over the whole batch; over a few steps that stays within a few parts per million.
+const TOLERANCE: f32 = 1e-5;
+
+#[test]
+fn two_and_four_ranks_train_like_one_process_on_the_concatenated_batches() {
+    for world in [2, 4] {
+        let out = tempfile_dir(&format!("equal{world}"));
+        let per_rank = 8 / world;
+        let steps = 4;
+        let extra = [
+            ("REDLINE_TEST_PER_RANK", per_rank.to_string()),
+            ("REDLINE_TEST_STEPS", steps.to_string()),
+            ("REDLINE_DIST_TIMEOUT", "60".to_string()),
+        ];
+        wait_all(start(world, &(0..world).collect::<Vec<_>>(), &out, &extra));
+        let ranks: Vec<Vec<f32>> = (0..world).map(|r| weights_of(&out, r)).collect();
+        for (r, w) in ranks.iter().enumerate().skip(1) {
+            assert!(w == &ranks[0], "rank {r}'s weights differ from rank 0's");
+        }
+        let single = single_process(8, steps, None);
+        let start_weights = single_process(8, 0, None);
+        let moved = max_relative_difference(&single, &start_weights);
+        let diff = max_relative_difference(&single, &ranks[0]);
+        println!("{world} ranks vs one process: max relative difference {diff:e} (training moved the weights {moved:e})");
+        assert!(moved > 1e-3, "training must change the weights ({moved})");
+        assert!(
+            diff <= TOLERANCE,
+            "{world} ranks differ from one process by {diff:e}"
+        );
+        // Buckets start during backward: the first saw gradients still to come, and every step
+        // started every bucket in order.
+        let launches = std::fs::read_to_string(out.join("rank0.launches")).unwrap();
+        let launches: Vec<(usize, usize)> = launches
+            .lines()
+            .map(|l| {
+                let (b, p) = l.split_once(' ').unwrap();
+                (b.parse().unwrap(), p.parse().unwrap())
+            })
+            .collect();
+        let buckets = launches.iter().map(|l| l.0).max().unwrap() + 1;
+        assert!(buckets >= 3, "{launches:?}");
+        assert_eq!(launches.len(), buckets * steps);
+        for (i, &(bucket, pending)) in launches.iter().enumerate() {
+            assert_eq!(bucket, i % buckets);
+            if bucket == 0 {
+                assert!(
+                    pending > 0,
+                    "the first bucket started after backward ended: {launches:?}"
+                );
+            }
+        }
+    }
+}
+
+fn tempfile_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("redline-dist-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn error_of(out: &Path, rank: usize) -> String {
+    std::fs::read_to_string(out.join(format!("rank{rank}.err")))
+        .unwrap_or_else(|_| panic!("rank {rank} reported no error"))
+}
+
+#[test]
+fn a_killed_or_stalled_rank_makes_the_others_fail_naming_it_within_the_timeout() {
+    let timeout = 3.0;
+    for failure in ["exit", "stall"] {
+        let out = tempfile_dir(&format!("fail-{failure}"));
+        let extra = [
+            ("REDLINE_TEST_STEPS", "4".to_string()),
+            ("REDLINE_TEST_FAIL", failure.to_string()),
+            ("REDLINE_TEST_FAILING_RANK", "2".to_string()),
+            ("REDLINE_DIST_TIMEOUT", timeout.to_string()),
+        ];
+        let begun = Instant::now();
+        let mut children = start(3, &[0, 1, 2], &out, &extra);
+        let mut stuck = children.pop().unwrap();
+        wait_all(children);
+        let took = begun.elapsed();
+        let _ = stuck.kill();
+        let _ = stuck.wait();
+        for rank in [0, 1] {
+            let err = error_of(&out, rank);
+            assert!(
+                err.contains("rank 2 failed"),
+                "{failure}: rank {rank}: {err}"
+            );
+            let why = match failure {
+                "exit" => "closed its connection",
+                _ => "sent nothing for",
+            };
+            assert!(err.contains(why), "{failure}: rank {rank}: {err}");
+        }
+        // One step at most before the failure, then one timeout (a stall) or none (an exit).
+        let bound = Duration::from_secs_f64(timeout * 2.0 + 20.0);
+        assert!(
+            took < bound,
+            "{failure}: the others took {took:?} to give up"
+        );
+        println!(
+            "{failure}: ranks 0 and 1 failed after {took:?}: {}",
+            error_of(&out, 1)
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_never_starts_is_named_by_the_rendezvous() {
+    let out = tempfile_dir("absent");
+    let extra = [("REDLINE_DIST_TIMEOUT", "2".to_string())];
+    let begun = Instant::now();
+    wait_all(start(3, &[0, 1], &out, &extra));
+    let took = begun.elapsed();
+    for rank in [0, 1] {
+        let err = error_of(&out, rank);
+        assert!(
+            err.contains("rank(s) [2] of 3 did not join"),
+            "rank {rank}: {err}"
+        );
+    }
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+#[test]
+fn a_checkpoint_of_two_ranks_resumes_on_four_with_the_same_data_order() {
+    let out = tempfile_dir("resume");
+    let checkpoint = out.join("checkpoint.bin");
+    let first = [
+        ("REDLINE_TEST_PER_RANK", "4".to_string()),
+        ("REDLINE_TEST_STEPS", "2".to_string()),
+        ("REDLINE_TEST_SAVE", checkpoint.display().to_string()),
+        ("REDLINE_DIST_TIMEOUT", "60".to_string()),
+    ];
+    wait_all(start(2, &[0, 1], &out, &first));
+    assert!(
+        checkpoint.exists(),
+        "rank 0 saved no checkpoint: {:?}",
+        std::fs::read_to_string(out.join("rank0.err"))
+    );
+    let second = [
+        ("REDLINE_TEST_PER_RANK", "2".to_string()),
+        ("REDLINE_TEST_STEPS", "2".to_string()),
+        ("REDLINE_TEST_RESUME", checkpoint.display().to_string()),
+        ("REDLINE_DIST_TIMEOUT", "60".to_string()),
+    ];
+    wait_all(start(4, &[0, 1, 2, 3], &out, &second));
+    let resumed = weights_of(&out, 0);
+    let straight = single_process(8, 4, None);
+    let diff = max_relative_difference(&straight, &resumed);
+    println!("2 ranks then 4 vs one process: max relative difference {diff:e}");
+    assert!(
+        diff <= TOLERANCE,
+        "resumed on 4 ranks: differs from one process by {diff:e}"
+    );
+}
+
+#[test]
+fn an_overflow_on_one_rank_makes_every_rank_skip_the_step() {
+    // The first sample rank 1 takes in step 1 has infinite pixels: its gradients are NaN, the
+    // average carries that to rank 0, and both GradScalers skip the step and halve the scale —
+    // as one process does with that sample in its batch.
+    let (world, per_rank, steps) = (2, 4, 3);
+    let rank1 = Order::new(DATASET, SEED, Mode::Random)
+        .and_then(|o| o.sharded(1, world, Uneven::Drop))
+        .unwrap()
+        .epoch(0);
+    let poison = rank1[per_rank];
+    let out = tempfile_dir("overflow");
+    let extra = [
+        ("REDLINE_TEST_PER_RANK", per_rank.to_string()),
+        ("REDLINE_TEST_STEPS", steps.to_string()),
+        ("REDLINE_TEST_POISON", poison.to_string()),
+        ("REDLINE_DIST_TIMEOUT", "60".to_string()),
+    ];
+    wait_all(start(world, &[0, 1], &out, &extra));
+    let (a, b) = (weights_of(&out, 0), weights_of(&out, 1));
+    assert!(a == b, "the ranks' weights differ");
+    assert_eq!(
+        *a.last().unwrap(),
+        32768.0,
+        "the scale was halved once, on every rank"
+    );
+    assert!(a.iter().all(|w| w.is_finite()), "a NaN step was applied");
+    let single = single_process(per_rank * world, steps, Some(poison));
+    assert_eq!(*single.last().unwrap(), 32768.0);
+    // The weights alone (the scale, last, would dwarf them in the relative difference).
+    let n = a.len() - 1;
+    let diff = max_relative_difference(&single[..n], &a[..n]);
+    let moved = max_relative_difference(&single_process(per_rank * world, 0, None), &a[..n]);
+    println!(
+        "overflow on rank 1: max relative difference {diff:e} from one process (moved {moved:e})"
+    );
+    assert!(
+        moved > 1e-3,
+        "the unskipped steps must change the weights ({moved})"
+    );
+    assert!(diff <= TOLERANCE, "differs from one process by {diff:e}");
+}

@@ -1,0 +1,115 @@
+//! The torchrun suite: a real `torchrun` (PyTorch's elastic launcher) starts the `allreduce`
+//! example on 2 and 3 processes; they join the TCPStore its agent serves on MASTER_PORT
+//! (`TORCHELASTIC_USE_AGENT_STORE=True`) as clients, and all-reduce, broadcast and average a
+//! gradient correctly. `cargo xtask test` runs it when PyTorch is installed (the `torchrun`
+//! suite; `pip install torch`) and reports it skipped otherwise; `REDLINE_HARDWARE_REQUIRED=1`
+//! (CI) makes a missing PyTorch a failure.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const SKIP_MARKER: &str = "redline-hardware-skip:";
+
+/// The `allreduce` example next to this test binary (`cargo test` builds examples).
+fn example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    profile_dir.join("examples").join("allreduce")
+}
+
+/// Whether PyTorch is importable; without it the suite prints the skip marker (or fails, when
+/// `REDLINE_HARDWARE_REQUIRED=1`).
+fn torch_or_skip() -> bool {
+    let found = Command::new("python3")
+        .args(["-c", "import torch.distributed.run"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        let required = std::env::var("REDLINE_HARDWARE_REQUIRED").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "the torchrun suite is required, but `python3 -c 'import torch.distributed.run'` \
+             fails (pip install torch)"
+        );
+        println!("{SKIP_MARKER} no PyTorch (pip install torch): torchrun suite skipped");
+    }
+    found
+}
+
+#[test]
+#[ignore = "the torchrun suite: needs PyTorch (cargo xtask test runs it when installed)"]
+fn torchrun_starts_ranks_that_meet_in_its_agent_store() {
+    if !torch_or_skip() {
+        return;
+    }
+    let example = example();
+    assert!(example.is_file(), "{} was not built", example.display());
+    for world in [2, 3] {
+        let out =
+            std::env::temp_dir().join(format!("redline-torchrun-{}-{world}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).unwrap();
+        let status = Command::new("python3")
+            .args([
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nnodes",
+                "1",
+            ])
+            .arg(format!("--nproc-per-node={world}"))
+            .arg("--no-python")
+            .arg(&example)
+            .env("REDLINE_EXAMPLE_OUT", &out)
+            .env("REDLINE_DIST_TIMEOUT", "60")
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "torchrun with {world} processes: {status}"
+        );
+        let sum = (1..=world).sum::<usize>();
+        let mean = sum as f64 / world as f64;
+        for rank in 0..world {
+            let line = std::fs::read_to_string(out.join(format!("rank{rank}.txt")))
+                .unwrap_or_else(|e| panic!("rank {rank} of {world} wrote nothing: {e}"));
+            println!("{line}");
+            let expected = format!(
+                "rank {rank} of {world} (local {rank}, agent store true): all-reduce sum {sum}, \
+                 broadcast 7, averaged gradient {mean}"
+            );
+            assert_eq!(line, expected);
+        }
+    }
+}
+
+#[test]
+#[ignore = "the torchrun suite: needs PyTorch (cargo xtask test runs it when installed)"]
+fn pytorchs_store_client_works_with_the_store_rank_0_serves() {
+    if !torch_or_skip() {
+        return;
+    }
+    let server = redline_dist::StoreServer::bind("127.0.0.1:0").unwrap();
+    let script = format!(
+        r#"
+import datetime, torch.distributed as d
+s = d.TCPStore("127.0.0.1", {port}, is_master=False, timeout=datetime.timedelta(seconds=20))
+s.set("key", "value")
+s.wait(["key"])
+print(s.get("key").decode(), s.add("counter", 3), s.add("counter", 4), s.check(["key"]), s.check(["nope"]),
+      s.compare_set("key", "value", "swapped").decode(), s.num_keys(), s.delete_key("counter"))
+"#,
+        port = server.address().port()
+    );
+    let output = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout.trim(), "value 3 7 True False swapped 2 True");
+}

@@ -1,0 +1,101 @@
+//! `redline-train` as a data-parallel job: two processes started with torchrun's variables
+//! train a ResNet-18 on the CPU over the TCP collective, rank 0 alone writes the checkpoint and
+//! the report, and that checkpoint resumes in a single process (the position rescaled to the
+//! new world size).
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use redline_datasets::generate::{synth_shards, SynthOptions};
+use serde_json::Value;
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn train(dir: &Path, report: &str, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_redline-train"));
+    cmd.arg("--data")
+        .arg(dir.join("data"))
+        .args([
+            "--device", "cpu", "--model", "resnet18", "--res", "32", "--batch", "4",
+        ])
+        .args(["--workers", "1", "--checkpoints"])
+        .arg(dir.join("checkpoints"))
+        .arg("--json")
+        .arg(dir.join(report))
+        .args(extra)
+        .env("REDLINE_CPU_THREADS", "1")
+        .env("REDLINE_DIST_TIMEOUT", "120");
+    cmd
+}
+
+fn succeeded(out: &Output, who: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{who}: {stderr}");
+    stderr
+}
+
+#[test]
+fn two_ranks_train_and_their_checkpoint_resumes_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SynthOptions {
+        classes: 2,
+        images: 32,
+        seed: 5,
+        threads: 2,
+        ..SynthOptions::default()
+    };
+    synth_shards(&dir.path().join("data"), &options).expect("synthetic shards");
+    let port = free_port().to_string();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            train(dir.path(), &format!("rank{rank}.json"), &["--epochs", "1"])
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_RANK", rank.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<Output> = ranks
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let lead = succeeded(&outputs[0], "rank 0");
+    succeeded(&outputs[1], "rank 1");
+    assert!(lead.contains("rank 0 of 2 (data parallel"), "{lead}");
+    // Rank 0 reports; rank 1 writes no report of its own.
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("rank0.json")).unwrap())
+            .unwrap();
+    assert!(!dir.path().join("rank1.json").exists());
+    assert_eq!(report["world"], 2);
+    // 32 training images, 16 per rank: 4 steps of 4 images each.
+    let steps = &report["history"][0]["steps"];
+    println!("2 ranks: {}", report["history"][0]);
+    let checkpoint = dir.path().join("checkpoints/epoch0.safetensors");
+    assert!(checkpoint.exists());
+
+    let out = train(dir.path(), "resumed.json", &["--epochs", "2", "--resume"])
+        .arg(&checkpoint)
+        .output()
+        .unwrap();
+    let stderr = succeeded(&out, "the resumed single process");
+    // After 4 steps of 2 × 4 images the job had consumed 32 samples: the whole epoch, so one
+    // process continues at the start of epoch 1.
+    assert!(stderr.contains("step 4, epoch 0, sample 32"), "{stderr}");
+    let resumed: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("resumed.json")).unwrap())
+            .unwrap();
+    assert_eq!(resumed["world"], 1);
+    let epochs: Vec<u64> = (resumed["history"].as_array().unwrap().iter())
+        .map(|h| h["epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, [1], "{steps}");
+}
