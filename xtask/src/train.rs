@@ -50,6 +50,9 @@ pub struct TrainArgs {
     /// machine with GPUs.
     #[arg(long, default_value_t = 1)]
     nproc: usize,
+    /// With --nproc: batch norm statistics over every process's batch (synchronised).
+    #[arg(long)]
+    sync_bn: bool,
     /// The port rank 0 serves the rendezvous on (with --nproc).
     #[arg(long, default_value_t = 29500)]
     master_port: u16,
@@ -95,6 +98,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
     if let Some(p) = &args.json {
         flags.extend(["--json".into(), p.into()]);
+    }
+    if args.sync_bn {
+        flags.push("--sync-bn".into());
     }
     if args.nproc <= 1 {
         let mut cmd = run::cargo();

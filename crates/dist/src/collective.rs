@@ -1,6 +1,8 @@
 //! The `Collective` contract: what data parallelism needs of a communication library (NCCL's
 //! vocabulary: all-reduce, broadcast, barrier), over tensors on any device.
 
+use std::sync::Arc;
+
 use redline_tensor::{DType, HostBytes, Tensor};
 
 use crate::error::{DistError, Result};
@@ -32,6 +34,11 @@ pub trait Collective: Send + Sync {
     fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()>;
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
+    /// A new group of the same ranks with a sequence of collectives of its own (PyTorch's
+    /// `new_group`), for collectives issued from another thread than this group's — two
+    /// threads sharing one group could issue theirs in different orders on different ranks.
+    /// Collective: every rank calls it.
+    fn split(&self) -> Result<Arc<dyn Collective>>;
 }
 
 /// The collective of a job of one process: every operation is the identity.
@@ -54,6 +61,9 @@ impl Collective for SingleProcess {
     }
     fn barrier(&self) -> Result<()> {
         Ok(())
+    }
+    fn split(&self) -> Result<Arc<dyn Collective>> {
+        Ok(Arc::new(SingleProcess))
     }
 }
 

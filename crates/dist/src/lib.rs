@@ -10,6 +10,7 @@
 //!   for CUDA devices.
 //! * [`DataParallel`] — gradients averaged in buckets as soon as backward completes them, on a
 //!   communication thread, overlapping the rest of backward (PyTorch DDP's reducer).
+//! * [`SyncBatchStats`] — synchronised batch norm: statistics over every rank's batch.
 //!
 //! Every wait has a timeout: a rank that never arrives, dies or stalls makes every other rank
 //! fail with an error naming it, instead of hanging the job.
@@ -20,6 +21,7 @@ mod env;
 mod error;
 mod rendezvous;
 mod store;
+mod sync_batch_norm;
 mod tcp;
 
 pub use collective::{Collective, Reduce, SingleProcess};
@@ -28,6 +30,7 @@ pub use env::Launch;
 pub use error::{DistError, Result};
 pub use rendezvous::{connect, timeout_from_env, DEFAULT_TIMEOUT};
 pub use store::{Store, StoreClient, StoreServer};
+pub use sync_batch_norm::SyncBatchStats;
 pub use tcp::TcpCollective;
 
 /// The README's example, compiled and run as a doctest.

@@ -10,7 +10,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redline_tensor::Tensor;
@@ -35,6 +35,8 @@ enum Kind {
     Barrier = 5,
     Result = 6,
     Abort = 7,
+    /// Rank 0 sends a new group's address (the others contribute nothing).
+    Split = 8,
 }
 
 impl Kind {
@@ -47,6 +49,7 @@ impl Kind {
             Kind::Barrier,
             Kind::Result,
             Kind::Abort,
+            Kind::Split,
         ]
         .into_iter()
         .find(|k| *k as u8 == v)
@@ -199,11 +202,23 @@ impl TcpCollective {
                 "rank {rank} of a world of {world}"
             )));
         }
+        let key = root_key(prefix);
         let links = match rank {
-            0 => Self::accept_all(store, prefix, world, timeout)?,
-            _ => vec![Self::join(store, prefix, rank, world, timeout)?],
+            0 => {
+                let ip = store.local_ip();
+                let publish = |addr: &str| store.set(&key, addr.as_bytes());
+                Self::accept_all(ip, publish, world, timeout)?
+            }
+            _ => {
+                let address = String::from_utf8_lossy(&store.get(&key, timeout)?).into_owned();
+                vec![Self::join(&address, rank, world, timeout)?]
+            }
         };
-        Ok(Self {
+        Ok(Self::from_links(rank, world, timeout, links))
+    }
+
+    fn from_links(rank: usize, world: usize, timeout: Duration, links: Vec<Link>) -> Self {
+        Self {
             rank,
             world,
             timeout,
@@ -213,7 +228,7 @@ impl TcpCollective {
                 broken: None,
             }),
             _store: None,
-        })
+        }
     }
 
     /// Keeps the store this rank serves alive as long as the group.
@@ -222,19 +237,20 @@ impl TcpCollective {
         self
     }
 
+    /// Rank 0's side: listens on an ephemeral port of `ip`, tells the others where
+    /// (`publish`), and accepts them.
     fn accept_all(
-        store: &mut dyn Store,
-        prefix: &str,
+        ip: IpAddr,
+        publish: impl FnOnce(&str) -> Result<()>,
         world: usize,
         timeout: Duration,
     ) -> Result<Vec<Link>> {
-        let ip: IpAddr = store.local_ip();
         let listener = TcpListener::bind((ip, 0))
             .map_err(|e| DistError::io(format!("rank 0: listening on {ip}"), e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| DistError::io("rank 0: its listening address", e))?;
-        store.set(&root_key(prefix), addr.to_string().as_bytes())?;
+        publish(&addr.to_string())?;
         listener
             .set_nonblocking(true)
             .map_err(|e| DistError::io("rank 0: a non-blocking listener", e))?;
@@ -300,14 +316,9 @@ impl TcpCollective {
         Ok(links)
     }
 
-    fn join(
-        store: &mut dyn Store,
-        prefix: &str,
-        rank: usize,
-        world: usize,
-        timeout: Duration,
-    ) -> Result<Link> {
-        let address = String::from_utf8_lossy(&store.get(&root_key(prefix), timeout)?).into_owned();
+    /// The other ranks' side: connects to rank 0 at `address` and waits for the group.
+    fn join(address: &str, rank: usize, world: usize, timeout: Duration) -> Result<Link> {
+        let address = address.to_string();
         let addr: SocketAddr = address.parse().map_err(|_| {
             DistError::Protocol(format!("rank 0 published {address:?} as its address"))
         })?;
@@ -400,8 +411,9 @@ impl TcpCollective {
             .map_err(LinkFailure::Io)
             .and_then(|_| link.expect(kind, seq));
             let frame = waited.map_err(|f| peer_error(link.rank, during, f, self.timeout))?;
-            if frame.aux != aux || (frame.payload.len() != all[0].len() && kind != Kind::Broadcast)
-            {
+            // Broadcast and Split carry one rank's bytes; the others send nothing.
+            let one_sided = matches!(kind, Kind::Broadcast | Kind::Split);
+            if frame.aux != aux || (frame.payload.len() != all[0].len() && !one_sided) {
                 let message = format!(
                     "sent {} bytes (detail {:#x}) where rank 0 has {} (detail {aux:#x}): the \
                      ranks passed different tensors",
@@ -511,5 +523,34 @@ impl Collective for TcpCollective {
     fn barrier(&self) -> Result<()> {
         self.exchange(Kind::Barrier, 0, Vec::new(), |_| Ok(Vec::new()))
             .map(|_| ())
+    }
+
+    fn split(&self) -> Result<Arc<dyn Collective>> {
+        let timeout = self.timeout;
+        let links = match self.rank {
+            0 => {
+                // Where the others reach this rank already: the same interface.
+                let ip = {
+                    let group = self.group.lock().unwrap_or_else(|p| p.into_inner());
+                    (group.links.first())
+                        .and_then(|l| l.stream.local_addr().ok())
+                        .map_or(IpAddr::from([127, 0, 0, 1]), |a| a.ip())
+                };
+                let publish = |addr: &str| {
+                    let bytes = addr.as_bytes().to_vec();
+                    self.exchange(Kind::Split, 0, bytes, |all| Ok(all[0].clone()))
+                        .map(|_| ())
+                };
+                Self::accept_all(ip, publish, self.world, timeout)?
+            }
+            _ => {
+                let bytes = self.exchange(Kind::Split, 0, Vec::new(), |all| Ok(all[0].clone()))?;
+                let address = String::from_utf8_lossy(&bytes).into_owned();
+                vec![Self::join(&address, self.rank, self.world, timeout)?]
+            }
+        };
+        Ok(Arc::new(Self::from_links(
+            self.rank, self.world, timeout, links,
+        )))
     }
 }

@@ -42,6 +42,9 @@ impl Collective for Recording {
     fn barrier(&self) -> Result<()> {
         Ok(())
     }
+    fn split(&self) -> Result<Arc<dyn Collective>> {
+        Ok(Arc::new(redline_dist::SingleProcess))
+    }
 }
 
 /// A chain of `sizes.len()` layers y = w_i · y (elementwise, each w_i of its own size, summed

@@ -10,6 +10,8 @@
 //!   naming it, within the timeout.
 //! * A checkpoint written by 2 ranks resumes on 4 with the same data order and the same result.
 //! * With a GradScaler, an overflow in one rank's batch makes every rank skip the step.
+//! * With synchronised batch norm, a model with batch norms trains on 2 and 4 ranks as on one
+//!   process (weights and running statistics).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -17,12 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redline_amp::GradScaler;
-use redline_dist::{Collective, DataParallel, Launch, SingleProcess};
+use redline_dist::{Collective, DataParallel, Launch, SingleProcess, SyncBatchStats};
 use redline_loader::{Mode, Order, Position, Uneven};
-use redline_nn::layers::GlobalAvgPool;
+use redline_nn::layers::{BatchNormReLU, GlobalAvgPool};
 use redline_nn::{
-    named_parameters, zero_grad, Conv2d, Init, Linear, Module, Optimizer, ParamGroup, ReLU,
-    Sequential, Sgd,
+    named_parameters, state_dict, zero_grad, BatchNorm2d, Conv2d, Init, Linear, Module, Optimizer,
+    ParamGroup, ReLU, Sequential, Sgd,
 };
 use redline_tensor::{Conv2dParams, DType, Device, Tensor};
 
@@ -32,16 +34,32 @@ const LR: f64 = 0.2;
 /// Small buckets, so that the model's 6 parameters make several.
 const BUCKET_BYTES: usize = 2048;
 
+/// A 3×3 convolution with padding 1.
+fn conv(init: &mut Init, inputs: usize, outputs: usize, stride: usize) -> Conv2d {
+    let p = Conv2dParams {
+        stride: [stride; 2],
+        padding: [1, 1],
+        ..Conv2dParams::default()
+    };
+    Conv2d::new(init, inputs, outputs, 3, p).unwrap()
+}
+
+/// The test network with batch norms (one plain, one fused with its ReLU).
+fn model_with_batch_norm(device: &Device) -> Sequential {
+    let mut init = Init::new(SEED, device, DType::F32);
+    let bn = |init: &Init, c| BatchNorm2d::new(init, c, 1.0).unwrap();
+    Sequential::new()
+        .push(conv(&mut init, 3, 8, 1))
+        .push(bn(&init, 8))
+        .push(ReLU)
+        .push(conv(&mut init, 8, 16, 2))
+        .push(BatchNormReLU(bn(&init, 16)))
+        .push(GlobalAvgPool)
+        .push(Linear::new(&mut init, 16, 10).unwrap())
+}
+
 fn model(device: &Device) -> Sequential {
     let mut init = Init::new(SEED, device, DType::F32);
-    let conv = |init: &mut Init, i, o, stride| {
-        let p = Conv2dParams {
-            stride: [stride; 2],
-            padding: [1, 1],
-            ..Conv2dParams::default()
-        };
-        Conv2d::new(init, i, o, 3, p).unwrap()
-    };
     Sequential::new()
         .push(conv(&mut init, 3, 8, 1))
         .push(ReLU)
@@ -96,6 +114,8 @@ struct Run {
     fail_after: Option<(usize, Failure)>,
     /// Train under a GradScaler, with this dataset sample's pixels made infinite.
     poison: Option<u64>,
+    /// The model with batch norms, synchronised across ranks (`Some(true)`) or not.
+    batch_norm: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -108,12 +128,18 @@ enum Failure {
 /// launches (`bucket pending` per line), or the error's text.
 fn train(run: Run) -> Result<(Vec<f32>, Vec<String>), String> {
     let device = redline_cpu::CpuBackend::device();
-    let net = model(&device);
+    let net = match run.batch_norm {
+        Some(_) => model_with_batch_norm(&device),
+        None => model(&device),
+    };
     let named = named_parameters(&net);
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
     let (rank, world) = (run.collective.rank(), run.collective.world());
     let dp = DataParallel::new(run.collective.clone(), named, &[], BUCKET_BYTES)
         .map_err(|e| e.to_string())?;
+    if run.batch_norm == Some(true) {
+        SyncBatchStats::install(&net, run.collective.as_ref()).map_err(|e| e.to_string())?;
+    }
     let mut opt = Sgd::new(vec![ParamGroup::new(params.clone(), 1e-4)], 0.9, 0.0, false)
         .map_err(|e| e.to_string())?;
     let mut position = Position::default();
@@ -170,9 +196,12 @@ fn train(run: Run) -> Result<(Vec<f32>, Vec<String>), String> {
     if let (Some(path), 0) = (&run.save, rank) {
         save(path, &params, &opt.state(), position, world)?;
     }
+    // Parameters, then (with batch norms) the running statistics.
     let mut weights = Vec::new();
-    for p in &params {
-        weights.extend(p.to_vec::<f32>().map_err(|e| e.to_string())?);
+    for (_, t, _) in state_dict(&net) {
+        if t.dtype() == DType::F32 {
+            weights.extend(t.to_vec::<f32>().map_err(|e| e.to_string())?);
+        }
     }
     if let Some(s) = &scaler {
         weights.extend(s.state()[0].1.to_vec::<f32>().map_err(|e| e.to_string())?);
@@ -255,6 +284,11 @@ fn rank_process() {
                 save: std::env::var_os("REDLINE_TEST_SAVE").map(PathBuf::from),
                 fail_after: fail_after.filter(|_| fails).map(|f| (1, f)),
                 poison: var("REDLINE_TEST_POISON").parse().ok(),
+                batch_norm: match var("REDLINE_TEST_BN").as_str() {
+                    "sync" => Some(true),
+                    "local" => Some(false),
+                    _ => None,
+                },
             })
         });
     let rank = launch.rank;
@@ -327,6 +361,15 @@ fn weights_of(out: &Path, rank: usize) -> Vec<f32> {
 }
 
 fn single_process(per_rank: usize, steps: usize, poison: Option<u64>) -> Vec<f32> {
+    one_process(per_rank, steps, poison, None)
+}
+
+fn one_process(
+    per_rank: usize,
+    steps: usize,
+    poison: Option<u64>,
+    batch_norm: Option<bool>,
+) -> Vec<f32> {
     train(Run {
         collective: Arc::new(SingleProcess),
         per_rank,
@@ -335,6 +378,7 @@ fn single_process(per_rank: usize, steps: usize, poison: Option<u64>) -> Vec<f32
         save: None,
         fail_after: None,
         poison,
+        batch_norm,
     })
     .unwrap()
     .0
@@ -548,4 +592,46 @@ fn an_overflow_on_one_rank_makes_every_rank_skip_the_step() {
         "the unskipped steps must change the weights ({moved})"
     );
     assert!(diff <= TOLERANCE, "differs from one process by {diff:e}");
+}
+
+#[test]
+fn synchronised_batch_norm_on_2_and_4_ranks_trains_like_one_process() {
+    // Batch statistics over every rank's batch: the same as one process's over the
+    // concatenated batch, so weights and running statistics match it. Local statistics (each
+    // rank normalising by its own images, DDP's default) do not: the contrast shows the test
+    // can tell them apart.
+    let steps = 3;
+    let single = one_process(8, steps, None, Some(false));
+    let job = |world: usize, bn: &str| {
+        let out = tempfile_dir(&format!("bn-{bn}-{world}"));
+        let extra = [
+            ("REDLINE_TEST_PER_RANK", (8 / world).to_string()),
+            ("REDLINE_TEST_STEPS", steps.to_string()),
+            ("REDLINE_TEST_BN", bn.to_string()),
+            ("REDLINE_DIST_TIMEOUT", "60".to_string()),
+        ];
+        wait_all(start(world, &(0..world).collect::<Vec<_>>(), &out, &extra));
+        let ranks: Vec<Vec<f32>> = (0..world).map(|r| weights_of(&out, r)).collect();
+        for (r, w) in ranks.iter().enumerate().skip(1) {
+            assert!(
+                w[..] == ranks[0][..] || bn == "local",
+                "rank {r}'s state differs from rank 0's"
+            );
+        }
+        max_relative_difference(&single, &ranks[0])
+    };
+    for world in [2, 4] {
+        let diff = job(world, "sync");
+        println!("synchronised batch norm, {world} ranks vs one process: max relative difference {diff:e}");
+        assert!(
+            diff <= TOLERANCE,
+            "{world} ranks differ from one process by {diff:e}"
+        );
+    }
+    let local = job(2, "local");
+    println!("local batch norm, 2 ranks vs one process: {local:e}");
+    assert!(
+        local > 100.0 * TOLERANCE,
+        "local statistics came out like synchronised ones ({local:e})"
+    );
 }

@@ -15,7 +15,7 @@ pub mod resnet;
 pub mod schedule;
 
 pub use init::Init;
-pub use layers::{BatchNorm2d, Conv2d, Linear, MaxPool2d, ReLU, Sequential};
+pub use layers::{BatchNorm2d, BatchStatsSync, Conv2d, Linear, MaxPool2d, ReLU, Sequential};
 pub use module::{named_parameters, num_parameters, state_dict, Kind, Module};
 pub use optim::{
     clip_grad_norm, decay_groups, zero_grad, AdamW, Ema, Lars, Optimizer, ParamGroup, Sgd,

@@ -1,7 +1,11 @@
 //! The module contract: a forward pass, named tensors (PyTorch's state dict), the train/eval
 //! switch, and shape + MAC inference without running anything.
 
+use std::sync::Arc;
+
 use redline_tensor::{Result, Tensor};
+
+use crate::layers::BatchStatsSync;
 
 /// What a named tensor of a module is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +27,11 @@ pub trait Module: Send + Sync {
 
     /// Training mode (batch statistics, running-stat updates) or evaluation mode.
     fn set_training(&self, _training: bool) {}
+
+    /// Synchronised batch norm: every batch norm in the module takes its training statistics
+    /// over all processes' batches through `sync` (`None`: over its own batch again).
+    /// Containers pass it to their children, as they do `set_training`.
+    fn sync_batch_norm(&self, _sync: Option<&Arc<dyn BatchStatsSync>>) {}
 
     /// Called after new values were written into the named tensors (a checkpoint or state
     /// dict was loaded): refreshes whatever the module mirrors on the host.

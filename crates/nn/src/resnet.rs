@@ -3,11 +3,14 @@
 //! convolutions; batch norm 1 and 0; PyTorch's default for the classifier), and optionally
 //! the last batch norm of every residual branch zero-initialised (`zero_init_residual`).
 
+use std::sync::Arc;
+
 use redline_tensor::{DType, Device, Pool2dParams, Result, Tensor, TensorError};
 
 use crate::init::Init;
 use crate::layers::{
-    BatchNorm2d, BatchNormReLU, Conv2d, GlobalAvgPool, Linear, MaxPool2d, Sequential,
+    BatchNorm2d, BatchNormReLU, BatchStatsSync, Conv2d, GlobalAvgPool, Linear, MaxPool2d,
+    Sequential,
 };
 use crate::module::{chain, join, Kind, Module};
 
@@ -133,6 +136,15 @@ impl Module for Block {
         }
     }
 
+    fn sync_batch_norm(&self, sync: Option<&Arc<dyn BatchStatsSync>>) {
+        for (_, bn) in &self.convs {
+            bn.sync_batch_norm(sync);
+        }
+        if let Some(d) = &self.downsample {
+            d.sync_batch_norm(sync);
+        }
+    }
+
     fn state_loaded(&self) -> Result<()> {
         for (_, bn) in &self.convs {
             bn.state_loaded()?;
@@ -247,6 +259,13 @@ impl Module for ResNet {
         self.stem.set_training(training);
         for stage in &self.stages {
             stage.set_training(training);
+        }
+    }
+
+    fn sync_batch_norm(&self, sync: Option<&Arc<dyn BatchStatsSync>>) {
+        self.stem.sync_batch_norm(sync);
+        for stage in &self.stages {
+            stage.sync_batch_norm(sync);
         }
     }
 

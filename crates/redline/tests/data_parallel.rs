@@ -37,21 +37,12 @@ fn succeeded(out: &Output, who: &str) -> String {
     stderr
 }
 
-#[test]
-fn two_ranks_train_and_their_checkpoint_resumes_in_one_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = SynthOptions {
-        classes: 2,
-        images: 32,
-        seed: 5,
-        threads: 2,
-        ..SynthOptions::default()
-    };
-    synth_shards(&dir.path().join("data"), &options).expect("synthetic shards");
+/// Starts ranks 0 and 1 of a two-process job with `extra` arguments; returns their stderr.
+fn two_ranks(dir: &Path, extra: &[&str]) -> [String; 2] {
     let port = free_port().to_string();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
-            train(dir.path(), &format!("rank{rank}.json"), &["--epochs", "1"])
+            train(dir, &format!("rank{rank}.json"), extra)
                 .env("RANK", rank.to_string())
                 .env("WORLD_SIZE", "2")
                 .env("LOCAL_RANK", rank.to_string())
@@ -67,8 +58,41 @@ fn two_ranks_train_and_their_checkpoint_resumes_in_one_process() {
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
         .collect();
-    let lead = succeeded(&outputs[0], "rank 0");
-    succeeded(&outputs[1], "rank 1");
+    [
+        succeeded(&outputs[0], "rank 0"),
+        succeeded(&outputs[1], "rank 1"),
+    ]
+}
+
+fn synthetic(dir: &Path) {
+    let options = SynthOptions {
+        classes: 2,
+        images: 32,
+        seed: 5,
+        threads: 2,
+        ..SynthOptions::default()
+    };
+    synth_shards(&dir.join("data"), &options).expect("synthetic shards");
+}
+
+#[test]
+fn two_ranks_with_synchronised_batch_norm_train_a_resnet() {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic(dir.path());
+    let [lead, _] = two_ranks(dir.path(), &["--epochs", "1", "--sync-bn"]);
+    assert!(lead.contains("rank 0 of 2 (data parallel"), "{lead}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("rank0.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["world"], 2);
+    assert!(report["final_val_top1"].as_f64().is_some(), "{report}");
+}
+
+#[test]
+fn two_ranks_train_and_their_checkpoint_resumes_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic(dir.path());
+    let [lead, _] = two_ranks(dir.path(), &["--epochs", "1"]);
     assert!(lead.contains("rank 0 of 2 (data parallel"), "{lead}");
     // Rank 0 reports; rank 1 writes no report of its own.
     let report: Value =

@@ -364,6 +364,21 @@ impl Tensor {
         Ok(())
     }
 
+    /// This freshly computed tensor as the output of a differentiable function of `inputs`
+    /// defined outside this crate (PyTorch's `autograd.Function`): when recording is on and an
+    /// input requires gradients, backward calls `backward` with this output's gradient and
+    /// takes one gradient per input (`None` where there is none). For operations the op set
+    /// does not have — a sum over processes whose gradient is again a sum over processes
+    /// (synchronised batch norm). The closure runs once, under `no_grad`.
+    pub fn with_backward(
+        self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Self {
+        self.detach().record(name, inputs, backward)
+    }
+
     /// Records this freshly computed tensor on the tape as the output of `name` applied to
     /// `inputs`, when any of them requires grad and recording is on. `backward` is called with
     /// the output's gradient and returns one gradient per input.

@@ -4,7 +4,7 @@ use redline_amp::{autocast, for_f32, GradScaler};
 use std::path::Path;
 use std::sync::Arc;
 
-use redline_dist::{Collective, DataParallel};
+use redline_dist::{Collective, DataParallel, SyncBatchStats};
 
 use redline_loader::{Batch, LoaderError, Mode, Position};
 use redline_nn::{
@@ -155,6 +155,17 @@ impl Trainer {
             .collect();
         let reducer = DataParallel::new(collective, params, &buffers, bucket_bytes)?;
         self.data_parallel = Some(Ranked { reducer, buffers });
+        Ok(self)
+    }
+
+    /// Synchronised batch norm for a rank of a data-parallel job: every batch norm takes its
+    /// training statistics over all ranks' batches (PyTorch's `SyncBatchNorm`), through a
+    /// group split from the trainer's collective. Collective: every rank calls it.
+    pub fn with_sync_batch_norm(self) -> Result<Self> {
+        let ranked = self.data_parallel.as_ref().ok_or_else(|| {
+            TrainError::Config("synchronised batch norm needs with_data_parallel first".into())
+        })?;
+        SyncBatchStats::install(self.model.as_ref(), ranked.reducer.collective().as_ref())?;
         Ok(self)
     }
 

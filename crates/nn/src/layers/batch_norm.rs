@@ -2,12 +2,23 @@
 //! `num_batches_tracked` counter torchvision's state dicts carry.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use redline_amp::for_f32;
-use redline_tensor::{no_grad, DType, Result, RunningStats, Tensor};
+use redline_tensor::{no_grad, DType, Result, RunningStats, Tensor, TensorError};
 
 use crate::init::Init;
 use crate::module::{join, Kind, Module};
+
+/// How synchronised batch norm combines one process's statistics with the others' (PyTorch's
+/// `SyncBatchNorm` over a process group; `redline-dist` implements it over a collective).
+pub trait BatchStatsSync: Send + Sync {
+    /// `t` summed over every process, as a differentiable op: the gradient of the result is
+    /// summed over every process too.
+    fn sum(&self, t: &Tensor) -> Result<Tensor>;
+    /// `n` summed over every process (how many values the statistics cover).
+    fn sum_count(&self, n: usize) -> Result<usize>;
+}
 
 pub struct BatchNorm2d {
     pub weight: Tensor,
@@ -24,6 +35,8 @@ pub struct BatchNorm2d {
     pub momentum: f64,
     pub eps: f64,
     training: AtomicBool,
+    /// Set: training statistics over every process's batch (synchronised batch norm).
+    sync: Mutex<Option<Arc<dyn BatchStatsSync>>>,
 }
 
 impl BatchNorm2d {
@@ -41,6 +54,7 @@ impl BatchNorm2d {
             momentum: 0.1,
             eps: 1e-5,
             training: AtomicBool::new(true),
+            sync: Mutex::new(None),
         })
     }
 }
@@ -51,6 +65,9 @@ impl BatchNorm2d {
     pub fn forward_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
         let training = self.count_batch()?;
         let residual = residual.map(for_f32).transpose()?;
+        if let Some(sync) = self.synchronised(training) {
+            return self.forward_synchronised(x, sync.as_ref(), residual.as_ref(), true);
+        }
         for_f32(x)?.batch_norm_relu(
             Some(&self.weight),
             Some(&self.bias),
@@ -59,6 +76,72 @@ impl BatchNorm2d {
             self.eps,
             residual.as_ref(),
         )
+    }
+
+    /// The statistics' sync, when set and training.
+    fn synchronised(&self, training: bool) -> Option<Arc<dyn BatchStatsSync>> {
+        match training {
+            true => self.sync.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            false => None,
+        }
+    }
+
+    /// Training batch norm (then `+ residual`, then ReLU if asked) with mean and variance over
+    /// every process's batch, as PyTorch's `SyncBatchNorm`: two rounds — the mean, then the
+    /// variance around it (a two-pass variance, without `E[x²] − E[x]²`'s cancellation) — each a
+    /// differentiable sum over processes, so backward sums the statistics' gradients over the
+    /// processes too. The running statistics take the unbiased variance over the whole batch.
+    /// Composed from ops (no fused kernel): it is for several processes, where the sums' round
+    /// trips dominate anyway.
+    fn forward_synchronised(
+        &self,
+        x: &Tensor,
+        sync: &dyn BatchStatsSync,
+        residual: Option<&Tensor>,
+        relu: bool,
+    ) -> Result<Tensor> {
+        let x = for_f32(x)?;
+        let [_, c, _, _] = *x.shape() else {
+            return Err(TensorError::Shape(format!(
+                "synchronised batch norm needs [N, C, H, W], got {:?}",
+                x.shape()
+            )));
+        };
+        let axes = [0, 2, 3];
+        let total = sync.sum_count(x.numel() / c.max(1))? as f64;
+        if total < 1.0 {
+            return Err(TensorError::Shape(
+                "synchronised batch norm over an empty batch on every process".into(),
+            ));
+        }
+        let mean = sync.sum(&x.sum(&axes, true)?)?.mul_scalar(1.0 / total)?;
+        let centred = x.sub(&mean)?;
+        let squares = centred.mul(&centred)?.sum(&axes, true)?;
+        let var = sync.sum(&squares)?.mul_scalar(1.0 / total)?;
+        let per_channel = [1, c, 1, 1];
+        let scale = var
+            .add_scalar(self.eps)?
+            .rsqrt()?
+            .mul(&self.weight.reshape(&per_channel)?)?;
+        let mut y = centred
+            .mul(&scale)?
+            .add(&self.bias.reshape(&per_channel)?)?;
+        if let Some(r) = residual {
+            y = y.add(r)?;
+        }
+        if relu {
+            y = y.relu()?;
+        }
+        let momentum = self.momentum;
+        no_grad(|| -> Result<()> {
+            let update = |stat: &Tensor, batch: &Tensor, factor: f64| -> Result<()> {
+                let batch = batch.reshape(&[c])?.mul_scalar(factor * momentum)?;
+                stat.assign(&stat.mul_scalar(1.0 - momentum)?.add(&batch)?)
+            };
+            update(&self.running_mean, &mean, 1.0)?;
+            update(&self.running_var, &var, total / (total - 1.0).max(1.0))
+        })?;
+        Ok(y)
     }
 
     /// Whether in training mode, counting the batch there.
@@ -97,6 +180,9 @@ impl BatchNorm2d {
 impl Module for BatchNorm2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let training = self.count_batch()?;
+        if let Some(sync) = self.synchronised(training) {
+            return self.forward_synchronised(x, sync.as_ref(), None, false);
+        }
         // Statistics in f32 under autocast (the parameters and running stats are f32).
         for_f32(x)?.batch_norm(
             Some(&self.weight),
@@ -133,6 +219,10 @@ impl Module for BatchNorm2d {
         self.training.store(training, Ordering::Relaxed);
     }
 
+    fn sync_batch_norm(&self, sync: Option<&Arc<dyn BatchStatsSync>>) {
+        *self.sync.lock().unwrap_or_else(|p| p.into_inner()) = sync.cloned();
+    }
+
     fn state_loaded(&self) -> Result<()> {
         let count = self.num_batches_tracked.item()? as i64;
         self.batches.store(count, Ordering::Relaxed);
@@ -160,6 +250,10 @@ impl Module for BatchNormReLU {
 
     fn set_training(&self, training: bool) {
         self.0.set_training(training)
+    }
+
+    fn sync_batch_norm(&self, sync: Option<&Arc<dyn BatchStatsSync>>) {
+        self.0.sync_batch_norm(sync)
     }
 
     fn state_loaded(&self) -> Result<()> {

@@ -8,7 +8,7 @@ mod pool;
 mod sequential;
 
 pub use activation::ReLU;
-pub use batch_norm::{BatchNorm2d, BatchNormReLU};
+pub use batch_norm::{BatchNorm2d, BatchNormReLU, BatchStatsSync};
 pub use conv::Conv2d;
 pub use linear::Linear;
 pub use pool::{GlobalAvgPool, MaxPool2d};

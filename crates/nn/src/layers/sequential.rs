@@ -1,6 +1,10 @@
 //! `nn.Sequential`: children named `0`, `1`, … (or given names), applied in order.
 
+use std::sync::Arc;
+
 use redline_tensor::{Result, Tensor};
+
+use crate::layers::BatchStatsSync;
 
 use crate::module::{chain, join, Kind, Module};
 
@@ -54,6 +58,12 @@ impl Module for Sequential {
     fn set_training(&self, training: bool) {
         for (_, m) in &self.children {
             m.set_training(training);
+        }
+    }
+
+    fn sync_batch_norm(&self, sync: Option<&Arc<dyn BatchStatsSync>>) {
+        for (_, m) in &self.children {
+            m.sync_batch_norm(sync);
         }
     }
 

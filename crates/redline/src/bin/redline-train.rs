@@ -96,6 +96,10 @@ struct Cli {
     /// Write the run's report (history, final top-1/top-5) as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Data parallel: batch norm statistics over every process's batch (synchronised batch
+    /// norm) instead of each process's own.
+    #[arg(long)]
+    sync_bn: bool,
 }
 
 fn open(dir: &Path) -> Res<Arc<ShardSet>> {
@@ -143,7 +147,7 @@ fn run() -> Res<()> {
         None if candidate.kind == Kind::Cpu => Precision::Fp32,
         None => Precision::Fp16,
     };
-    let checkpoints = cli.checkpoints;
+    let checkpoints = cli.checkpoints.clone();
     if epochs == 0 || batch == 0 {
         return Err("--epochs and --batch must be at least 1".into());
     }
@@ -186,6 +190,9 @@ fn run() -> Res<()> {
     if world > 1 {
         let collective = redline_dist::connect(&launch, redline_dist::timeout_from_env()?)?;
         trainer = trainer.with_data_parallel(collective, DEFAULT_BUCKET_BYTES)?;
+        if cli.sync_bn {
+            trainer = trainer.with_sync_batch_norm()?;
+        }
         if lead {
             eprintln!(
                 "redline-train: rank 0 of {world} (data parallel over TCP, batch {batch} per rank)"

@@ -1,0 +1,66 @@
+//! Synchronised batch norm's sums over processes (`redline_nn::BatchStatsSync` over a
+//! [`Collective`]).
+
+use std::sync::Arc;
+
+use redline_nn::{BatchStatsSync, Module};
+use redline_tensor::{DType, Device, Tensor, TensorError};
+
+use crate::collective::{Collective, Reduce};
+use crate::error::Result;
+
+/// Sums batch statistics over a group's ranks. Give it a group of its own
+/// ([`Collective::split`]): its sums run on the thread that runs forward and backward, while
+/// [`crate::DataParallel`]'s gradient buckets run on their own thread — sharing one group, the
+/// two could interleave differently on different ranks.
+pub struct SyncBatchStats {
+    group: Arc<dyn Collective>,
+}
+
+impl SyncBatchStats {
+    pub fn new(group: Arc<dyn Collective>) -> Self {
+        Self { group }
+    }
+
+    /// Makes every batch norm of `model` synchronised over a new group split from
+    /// `collective` (collective: every rank calls it).
+    pub fn install(model: &dyn Module, collective: &dyn Collective) -> Result<()> {
+        let sync: Arc<dyn BatchStatsSync> = Arc::new(Self::new(collective.split()?));
+        model.sync_batch_norm(Some(&sync));
+        Ok(())
+    }
+}
+
+fn tensor_error(e: crate::DistError) -> TensorError {
+    TensorError::Device(format!("synchronised batch norm: {e}"))
+}
+
+/// `t` summed over the group's ranks into a new tensor of its own.
+fn summed(group: &dyn Collective, t: &Tensor) -> redline_tensor::Result<Tensor> {
+    // A fresh dense copy: the collective overwrites whole storages in place.
+    let out = t.detach().mul_scalar(1.0)?;
+    group
+        .all_reduce(std::slice::from_ref(&out), Reduce::Sum)
+        .map_err(tensor_error)?;
+    Ok(out)
+}
+
+impl BatchStatsSync for SyncBatchStats {
+    fn sum(&self, t: &Tensor) -> redline_tensor::Result<Tensor> {
+        let out = summed(self.group.as_ref(), t)?;
+        // d(Σ_ranks t_r)/d(t_r) = 1 for every rank's loss: this rank's input gets the sum of
+        // every rank's output gradient.
+        let group = Arc::clone(&self.group);
+        Ok(out.with_backward("all_reduce_sum", &[t], move |grad| {
+            Ok(vec![Some(summed(group.as_ref(), grad)?)])
+        }))
+    }
+
+    fn sum_count(&self, n: usize) -> redline_tensor::Result<usize> {
+        let count = Tensor::full(n as f64, &[1], DType::F64, &Device::reference())?;
+        (self.group)
+            .all_reduce(std::slice::from_ref(&count), Reduce::Sum)
+            .map_err(tensor_error)?;
+        Ok(count.item()? as usize)
+    }
+}
