@@ -26,6 +26,30 @@ pub enum Bench {
     /// ResNet training throughput end to end (loader → input op → forward → backward →
     /// AdamW) with the step breakdown; no arguments needed (`--vs pytorch` for the seed loop).
     Imagenet(crate::imagenet::ImagenetArgs),
+    /// The CPU collective's all-reduce of a gradient bucket across local processes, optionally
+    /// next to PyTorch's gloo backend (launched by torchrun) in the same run.
+    Allreduce(AllreduceArgs),
+}
+
+#[derive(Args)]
+pub struct AllreduceArgs {
+    /// Processes (ranks) on this machine.
+    #[arg(long, default_value_t = 2)]
+    nproc: usize,
+    /// Megabytes of f32 per all-reduce (DDP's bucket: 25).
+    #[arg(long, default_value_t = 25.0)]
+    mb: f64,
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Rounds, alternating the two sides; the report is the median round's.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Also time PyTorch's CPU all-reduce (gloo, `benches/pytorch/allreduce.py` under torchrun).
+    #[arg(long, value_parser = ["gloo"])]
+    vs: Option<String>,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -83,7 +107,111 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Ops(args) => ops(args),
         Bench::Loader(args) => loader(args),
         Bench::Imagenet(args) => crate::imagenet::run(args),
+        Bench::Allreduce(args) => allreduce(args),
     }
+}
+
+/// Free TCP port on loopback for a job's rendezvous.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn allreduce(args: AllreduceArgs) -> Result<()> {
+    if args.nproc < 2 || args.rounds == 0 {
+        anyhow::bail!("--nproc must be at least 2 and --rounds at least 1");
+    }
+    if args.vs.is_some() && !python_has("torch.distributed.run") {
+        anyhow::bail!("--vs gloo needs PyTorch importable by `python3`: `pip install torch`");
+    }
+    let mut build = run::cargo();
+    build.args([
+        "build",
+        "--release",
+        "--quiet",
+        "--package",
+        "redline-dist",
+        "--example",
+        "allreduce_bench",
+    ]);
+    run::check(&mut build)?;
+    let binary = run::target_dir().join("release/examples/allreduce_bench");
+    let sizes = [
+        "--mb".to_string(),
+        args.mb.to_string(),
+        "--iters".to_string(),
+        args.iters.to_string(),
+    ];
+    let threads = (std::thread::available_parallelism().map_or(1, |c| c.get()) / args.nproc)
+        .max(1)
+        .to_string();
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        let path = run::target_dir().join(format!("bench-allreduce-{round}.json"));
+        run::local_ranks(args.nproc, free_port()?, |_| {
+            let mut cmd = std::process::Command::new(&binary);
+            cmd.args(&sizes)
+                .arg("--out")
+                .arg(&path)
+                .env("REDLINE_CPU_THREADS", &threads);
+            cmd
+        })?;
+        ours.push(read_json(&path)?["median_ms"].as_f64().unwrap_or(f64::NAN));
+        if args.vs.is_some() {
+            let path = run::target_dir().join(format!("bench-allreduce-gloo-{round}.json"));
+            let mut py = std::process::Command::new("python3");
+            py.current_dir(run::root())
+                .args([
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nnodes",
+                    "1",
+                ])
+                .arg(format!("--nproc-per-node={}", args.nproc))
+                .arg("benches/pytorch/allreduce.py")
+                .args(&sizes)
+                .arg("--out")
+                .arg(&path)
+                .env("OMP_NUM_THREADS", &threads);
+            run::check(&mut py)?;
+            theirs.push(read_json(&path)?["median_ms"].as_f64().unwrap_or(f64::NAN));
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let gb = args.mb * 1e6 / 1e9;
+    let (ms, gloo_ms) = (median(&ours), median(&theirs));
+    println!(
+        "\nbench allreduce: {} processes, {} MB f32 averaged, median of {} iterations, {} rounds",
+        args.nproc, args.mb, args.iters, args.rounds
+    );
+    println!(
+        "  redline (TCP star)  {ms:>9.2} ms  {:>6.2} GB/s",
+        gb / (ms / 1e3)
+    );
+    let mut report = json!({
+        "nproc": args.nproc, "mb": args.mb, "iters": args.iters, "rounds": ours,
+        "median_ms": ms, "algbw_gb_per_s": gb / (ms / 1e3),
+    });
+    if args.vs.is_some() {
+        println!(
+            "  PyTorch gloo        {gloo_ms:>9.2} ms  {:>6.2} GB/s   redline ÷ gloo time: {:.2}×",
+            gb / (gloo_ms / 1e3),
+            ms / gloo_ms
+        );
+        report["gloo_rounds"] = json!(theirs);
+        report["gloo_median_ms"] = json!(gloo_ms);
+        report["time_ratio_vs_gloo"] = json!(ms / gloo_ms);
+    }
+    if let Some(path) = &args.json {
+        fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+    }
+    Ok(())
 }
 
 /// One criterion result: median time per iteration and what one iteration processes.

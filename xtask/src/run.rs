@@ -133,3 +133,40 @@ pub fn data_tool_command(profile: Profile) -> Command {
     cmd.arg("--");
     cmd
 }
+
+/// Runs `n` local ranks of a job as torchrun would: `command(rank)` for each, with RANK,
+/// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (loopback) and MASTER_PORT set, and
+/// waits for all of them. Every failure is reported with its rank (the others fail on their own
+/// within the rendezvous timeout, each naming the rank it lost; none is killed).
+pub fn local_ranks(n: usize, port: u16, command: impl Fn(usize) -> Command) -> Result<()> {
+    let mut children = Vec::new();
+    for rank in 0..n {
+        let mut cmd = command(rank);
+        cmd.env("RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+        eprintln!("$ RANK={rank} WORLD_SIZE={n} {}", describe(&cmd));
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting rank {rank}: {}", describe(&cmd)))?;
+        children.push((rank, child));
+    }
+    let mut failed = Vec::new();
+    for (rank, mut child) in children {
+        let status = child.wait()?;
+        if !status.success() {
+            failed.push(format!("rank {rank}: {status}"));
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {n} processes failed ({})",
+            failed.len(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -120,10 +120,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
     processes(&binary, &flags, args.nproc, args.master_port)
 }
 
-/// Starts `n` ranks of `binary` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-/// MASTER_PORT), each with an equal share of the cores for its backend and its loader, and
-/// waits for them. The first to fail is named; the others then fail within the rendezvous
-/// timeout on their own (they are not killed: each reports which rank it lost).
+/// Starts `n` ranks of `binary`, each with an equal share of the cores for its backend and its
+/// loader.
 fn processes(
     binary: &std::path::Path,
     flags: &[std::ffi::OsString],
@@ -131,35 +129,12 @@ fn processes(
     port: u16,
 ) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let share = (cores / n).max(1);
-    let mut children = Vec::new();
-    for rank in 0..n {
+    let share = (cores / n).max(1).to_string();
+    run::local_ranks(n, port, |_| {
         let mut cmd = std::process::Command::new(binary);
         cmd.args(flags)
-            .args(["--workers", &share.to_string()])
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", n.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", n.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("REDLINE_CPU_THREADS", share.to_string());
-        eprintln!("$ RANK={rank} WORLD_SIZE={n} … {}", run::describe(&cmd));
-        children.push((rank, cmd.spawn()?));
-    }
-    let mut failed = Vec::new();
-    for (rank, mut child) in children {
-        let status = child.wait()?;
-        if !status.success() {
-            failed.push(format!("rank {rank}: {status}"));
-        }
-    }
-    if !failed.is_empty() {
-        bail!(
-            "{} of {n} processes failed ({})",
-            failed.len(),
-            failed.join(", ")
-        );
-    }
-    Ok(())
+            .args(["--workers", &share])
+            .env("REDLINE_CPU_THREADS", &share);
+        cmd
+    })
 }

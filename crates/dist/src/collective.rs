@@ -141,15 +141,15 @@ pub(crate) fn reduce_host(
     };
     let mut out = first.clone();
     let world = contributions.len() as f64;
+    // Where this tensor's bytes start (tensors of different dtypes share one buffer).
     let mut at = 0;
     for &(dtype, n) in signature {
-        let size = dtype.size();
-        let slices: Vec<&[u8]> = contributions
-            .iter()
-            .map(|c| &c[at * size..(at + n) * size])
-            .collect();
-        let dst = &mut out[at * size..(at + n) * size];
-        if dtype.is_float() {
+        let bytes = at..at + n * dtype.size();
+        let slices: Vec<&[u8]> = contributions.iter().map(|c| &c[bytes.clone()]).collect();
+        let dst = &mut out[bytes];
+        if dtype == DType::F32 {
+            reduce_f32(&slices, dst, op, world);
+        } else if dtype.is_float() {
             for i in 0..n {
                 let values = slices.iter().map(|s| dtype.read(s, i));
                 let v = match op {
@@ -170,9 +170,39 @@ pub(crate) fn reduce_host(
                 write_int(dtype, dst, i, v);
             }
         }
-        at += n;
+        at += n * dtype.size();
     }
     out
+}
+
+/// [`reduce_host`] for f32 (gradients, almost always), without the per-element dtype dispatch:
+/// the same f64 accumulation in rank order and one rounding, block by block (a cache-sized
+/// accumulator instead of one the size of the bucket).
+fn reduce_f32(slices: &[&[u8]], dst: &mut [u8], op: Reduce, world: f64) {
+    const BLOCK: usize = 4096;
+    let mut acc = [0f64; BLOCK];
+    for (b, out) in dst.chunks_mut(4 * BLOCK).enumerate() {
+        let range = b * 4 * BLOCK..b * 4 * BLOCK + out.len();
+        let acc = &mut acc[..out.len() / 4];
+        for (r, s) in slices.iter().enumerate() {
+            for (a, v) in acc.iter_mut().zip(f32_values(&s[range.clone()])) {
+                *a = match (r, op) {
+                    (0, _) => v,
+                    (_, Reduce::Sum | Reduce::Avg) => *a + v,
+                    (_, Reduce::Max) => max_nan(*a, v),
+                };
+            }
+        }
+        for (o, &a) in out.chunks_exact_mut(4).zip(acc.iter()) {
+            let v = if op == Reduce::Avg { a / world } else { a };
+            o.copy_from_slice(&(v as f32).to_le_bytes());
+        }
+    }
+}
+
+/// The f32 elements of little-endian bytes, widened.
+fn f32_values(bytes: &[u8]) -> impl Iterator<Item = f64> + '_ {
+    (bytes.chunks_exact(4)).map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
 }
 
 /// The larger value, NaN winning (a NaN found-inf flag or loss must reach every rank).
@@ -216,6 +246,36 @@ mod tests {
         let max = read(reduce_host(&a, &sig, Reduce::Max));
         assert_eq!(max[..2], [3.0, 4.0]);
         assert!(max[2].is_nan(), "a NaN reaches every rank");
+        // More elements than one accumulation block, three ranks: each element's average.
+        let n = 10_000;
+        let ranks: Vec<Vec<u8>> = (0..3)
+            .map(|r| {
+                f32s(
+                    &(0..n)
+                        .map(|i| (i * (r + 1)) as f32 * 0.25)
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        let avg = read(reduce_host(&ranks, &[(DType::F32, n)], Reduce::Avg));
+        assert!((0..n).all(|i| avg[i] == ((i * 6) as f64 * 0.25 / 3.0) as f32));
+        // The generic path (f16 then f64 in one buffer): accumulated in f64, rounded once.
+        let sig = [(DType::F16, 2), (DType::F64, 1)];
+        let buffer = |h: [f32; 2], d: f64| {
+            let mut b = vec![0u8; 2 * 2 + 8];
+            DType::F16.write(&mut b[..4], 0, h[0] as f64);
+            DType::F16.write(&mut b[..4], 1, h[1] as f64);
+            b[4..].copy_from_slice(&d.to_le_bytes());
+            b
+        };
+        let sum = reduce_host(
+            &[buffer([1.0, 2.0], 0.5), buffer([3.0, -8.0], 0.25)],
+            &sig,
+            Reduce::Sum,
+        );
+        assert_eq!(DType::F16.read(&sum[..4], 0), 4.0);
+        assert_eq!(DType::F16.read(&sum[..4], 1), -6.0);
+        assert_eq!(f64::from_le_bytes(sum[4..].try_into().unwrap()), 0.75);
         let big = [i64::MAX - 1, 7];
         let ints: Vec<Vec<u8>> = big.iter().map(|v| v.to_le_bytes().to_vec()).collect();
         let sum = reduce_host(&ints, &[(DType::I64, 1)], Reduce::Max);
