@@ -137,7 +137,8 @@ pub(crate) trait Elem: Copy + Send + Sync + Default + 'static {
     fn from_f64(v: f64) -> Self;
     fn wrap(v: Vec<Self>) -> Data;
     fn from_le(b: &[u8]) -> Self;
-    fn put_le(self, out: &mut Vec<u8>);
+    /// Writes the little-endian bytes into `out` (exactly this type's size).
+    fn write_le(self, out: &mut [u8]);
 }
 
 macro_rules! elem {
@@ -162,8 +163,9 @@ macro_rules! elem {
             fn from_le(b: &[u8]) -> Self {
                 <$t>::from_le_bytes(b.try_into().unwrap_or_default())
             }
-            fn put_le(self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
+            #[inline(always)]
+            fn write_le(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
             }
         }
     };

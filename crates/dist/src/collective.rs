@@ -131,48 +131,77 @@ pub(crate) fn signature(tensors: &[Tensor]) -> Vec<(DType, usize)> {
 /// Combines the ranks' buffers (in rank order) of elements described by `signature`: floats
 /// accumulate in f64 and are rounded once, integers in i64 — the same bits on every rank
 /// whatever the timing, since one rank computes the result for all.
+#[cfg(test)]
 pub(crate) fn reduce_host(
     contributions: &[Vec<u8>],
     signature: &[(DType, usize)],
     op: Reduce,
 ) -> Vec<u8> {
-    let Some(first) = contributions.first() else {
-        return Vec::new();
-    };
-    let mut out = first.clone();
     let world = contributions.len() as f64;
+    let mut out = Vec::new();
+    for (bytes, dtype) in pieces(signature, usize::MAX) {
+        let slices: Vec<&[u8]> = contributions.iter().map(|c| &c[bytes.clone()]).collect();
+        out.extend(reduce_piece(&slices, dtype, op, world));
+    }
+    out
+}
+
+/// A buffer of elements described by `signature` cut into pieces of at most `max_bytes` (at
+/// least one element), each holding elements of one dtype: the unit a collective streams and
+/// combines, so that receiving, combining and sending overlap.
+pub(crate) fn pieces(
+    signature: &[(DType, usize)],
+    max_bytes: usize,
+) -> Vec<(std::ops::Range<usize>, DType)> {
+    let mut out = Vec::new();
     // Where this tensor's bytes start (tensors of different dtypes share one buffer).
     let mut at = 0;
     for &(dtype, n) in signature {
-        let bytes = at..at + n * dtype.size();
-        let slices: Vec<&[u8]> = contributions.iter().map(|c| &c[bytes.clone()]).collect();
-        let dst = &mut out[bytes];
-        if dtype == DType::F32 {
-            reduce_f32(&slices, dst, op, world);
-        } else if dtype.is_float() {
-            for i in 0..n {
-                let values = slices.iter().map(|s| dtype.read(s, i));
-                let v = match op {
-                    Reduce::Sum => values.sum::<f64>(),
-                    Reduce::Avg => values.sum::<f64>() / world,
-                    Reduce::Max => values.fold(f64::NEG_INFINITY, max_nan),
-                };
-                dtype.write(dst, i, v);
-            }
-        } else {
-            for i in 0..n {
-                let values = slices.iter().map(|s| read_int(dtype, s, i));
-                let v = match op {
-                    Reduce::Sum => values.fold(0i64, i64::wrapping_add),
-                    Reduce::Avg => values.fold(0i64, i64::wrapping_add) / world as i64,
-                    Reduce::Max => values.max().unwrap_or(0),
-                };
-                write_int(dtype, dst, i, v);
-            }
+        let step = (max_bytes / dtype.size()).max(1);
+        let mut done = 0;
+        while done < n {
+            let count = step.min(n - done);
+            let start = at + done * dtype.size();
+            out.push((start..start + count * dtype.size(), dtype));
+            done += count;
         }
         at += n * dtype.size();
     }
     out
+}
+
+/// Combines one piece (elements of `dtype`) of every rank's contribution, in rank order:
+/// floats in f64, rounded once; integers in i64. `world` divides an average.
+pub(crate) fn reduce_piece(slices: &[&[u8]], dtype: DType, op: Reduce, world: f64) -> Vec<u8> {
+    let Some(first) = slices.first() else {
+        return Vec::new();
+    };
+    let mut dst = first.to_vec();
+    let n = dst.len() / dtype.size();
+    if dtype == DType::F32 {
+        reduce_f32(slices, &mut dst, op, world);
+    } else if dtype.is_float() {
+        for i in 0..n {
+            let values = slices.iter().map(|s| dtype.read(s, i));
+            let v = match op {
+                Reduce::Sum => values.sum::<f64>(),
+                Reduce::Avg => values.sum::<f64>() / world,
+                Reduce::Max => values.fold(f64::NEG_INFINITY, max_nan),
+            };
+            dtype.write(&mut dst, i, v);
+        }
+    } else {
+        for i in 0..n {
+            let values = slices.iter().map(|s| read_int(dtype, s, i));
+            let v = match op {
+                Reduce::Sum => values.fold(0i64, i64::wrapping_add),
+                Reduce::Avg => values.fold(0i64, i64::wrapping_add) / world as i64,
+                Reduce::Max => values.max().unwrap_or(0),
+            };
+            write_int(dtype, &mut dst, i, v);
+        }
+    }
+    dst
 }
 
 /// [`reduce_host`] for f32 (gradients, almost always), without the per-element dtype dispatch:
@@ -237,6 +266,25 @@ mod tests {
     }
 
     #[test]
+    fn pieces_hold_whole_elements_of_one_dtype() {
+        let sig = [(DType::U8, 3), (DType::F64, 3), (DType::F32, 1)];
+        let cut: Vec<_> = pieces(&sig, 16)
+            .into_iter()
+            .map(|(r, d)| (r.start, r.end, d))
+            .collect();
+        assert_eq!(
+            cut,
+            [
+                (0, 3, DType::U8),
+                (3, 19, DType::F64),
+                (19, 27, DType::F64),
+                (27, 31, DType::F32)
+            ]
+        );
+        assert!(pieces(&[], 16).is_empty());
+    }
+
+    #[test]
     fn host_reduction_sums_averages_and_maxes_in_rank_order() {
         let a = [f32s(&[1.0, -2.0, 0.5]), f32s(&[3.0, 4.0, f32::NAN])];
         let sig = [(DType::F32, 3)];
@@ -258,6 +306,14 @@ mod tests {
             })
             .collect();
         let avg = read(reduce_host(&ranks, &[(DType::F32, n)], Reduce::Avg));
+        // Streamed in small pieces, the same bits.
+        let sig = [(DType::F32, n)];
+        let mut streamed = Vec::new();
+        for (bytes, dtype) in pieces(&sig, 4000) {
+            let slices: Vec<&[u8]> = ranks.iter().map(|c| &c[bytes.clone()]).collect();
+            streamed.extend(reduce_piece(&slices, dtype, Reduce::Avg, 3.0));
+        }
+        assert_eq!(read(streamed), avg);
         assert!((0..n).all(|i| avg[i] == ((i * 6) as f64 * 0.25 / 3.0) as f32));
         // The generic path (f16 then f64 in one buffer): accumulated in f64, rounded once.
         let sig = [(DType::F16, 2), (DType::F64, 1)];

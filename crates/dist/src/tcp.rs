@@ -13,10 +13,10 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redline_tensor::Tensor;
+use redline_tensor::{DType, Tensor};
 
 use crate::collective::{
-    check_root, download_all, reduce_host, signature, upload_all, Collective, Reduce,
+    check_root, download_all, pieces, reduce_piece, signature, upload_all, Collective, Reduce,
 };
 use crate::error::{DistError, Result};
 use crate::store::Store;
@@ -24,6 +24,11 @@ use crate::store::Store;
 const MAGIC: u32 = 0x5244_4C43; // "RDLC"
 /// The largest message a rank accepts (a guard against a stray peer's garbage length).
 const MAX_PAYLOAD: u64 = 1 << 40;
+/// The size of the pieces a collective's result streams in: rank 0 combines and sends piece
+/// `k` while the others are still sending piece `k + 1`.
+const PIECE_BYTES: usize = 1 << 20;
+/// A piece length that announces an abort instead of data.
+const ABORT_PIECE: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -93,18 +98,12 @@ impl Link {
     }
 
     fn send(&mut self, kind: Kind, seq: u64, aux: u64, payload: &[u8]) -> Result<(), LinkFailure> {
-        let mut head = [0u8; 29];
-        head[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        head[4] = kind as u8;
-        head[5..13].copy_from_slice(&seq.to_le_bytes());
-        head[13..21].copy_from_slice(&aux.to_le_bytes());
-        head[21..29].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        (self.stream.write_all(&head))
-            .and_then(|_| self.stream.write_all(payload))
-            .map_err(failure)
+        send_frame(&mut self.stream, kind, seq, aux, payload)
     }
 
-    fn recv(&mut self) -> Result<Frame, LinkFailure> {
+    /// A message's head: what it is, and how many bytes follow (`Abort`s are read whole and
+    /// returned as the failure they report).
+    fn recv_head(&mut self) -> Result<(Kind, u64, u64, u64), LinkFailure> {
         let mut head = [0u8; 29];
         self.stream.read_exact(&mut head).map_err(failure)?;
         let word =
@@ -120,14 +119,21 @@ impl Link {
         if len > MAX_PAYLOAD {
             return Err(LinkFailure::Garbled(format!("a {len}-byte message")));
         }
-        let mut payload = vec![0u8; len as usize];
-        self.stream.read_exact(&mut payload).map_err(failure)?;
         if kind == Kind::Abort {
+            let mut message = vec![0u8; len as usize];
+            self.stream.read_exact(&mut message).map_err(failure)?;
             return Err(LinkFailure::Aborted {
                 rank: aux as usize,
-                message: String::from_utf8_lossy(&payload).into_owned(),
+                message: String::from_utf8_lossy(&message).into_owned(),
             });
         }
+        Ok((kind, seq, aux, len))
+    }
+
+    fn recv(&mut self) -> Result<Frame, LinkFailure> {
+        let (kind, seq, aux, len) = self.recv_head()?;
+        let mut payload = vec![0u8; len as usize];
+        self.stream.read_exact(&mut payload).map_err(failure)?;
         Ok(Frame {
             kind,
             seq,
@@ -136,17 +142,80 @@ impl Link {
         })
     }
 
+    /// The next message's head, which must be `kind` for collective `seq`: its detail word and
+    /// how many bytes follow.
+    fn expect_head(&mut self, kind: Kind, seq: u64) -> Result<(u64, usize), LinkFailure> {
+        let (got, their_seq, aux, len) = self.recv_head()?;
+        check_order(got, their_seq, kind, seq)?;
+        Ok((aux, len as usize))
+    }
+
+    /// One piece of a streamed result: its length, then its bytes.
+    fn send_piece(&mut self, bytes: &[u8]) -> Result<(), LinkFailure> {
+        (self.stream.write_all(&(bytes.len() as u32).to_le_bytes()))
+            .and_then(|_| self.stream.write_all(bytes))
+            .map_err(failure)
+    }
+
+    /// In place of the next piece: the group failed, `rank` is to blame.
+    fn send_abort_piece(&mut self, rank: usize, message: &str) -> Result<(), LinkFailure> {
+        let mut bytes = ABORT_PIECE.to_le_bytes().to_vec();
+        bytes.extend((rank as u64).to_le_bytes());
+        bytes.extend((message.len() as u32).to_le_bytes());
+        bytes.extend(message.as_bytes());
+        self.stream.write_all(&bytes).map_err(failure)
+    }
+
+    /// Appends the next piece of a streamed result to `out`.
+    fn recv_piece(&mut self, out: &mut Vec<u8>) -> Result<(), LinkFailure> {
+        let mut word = [0u8; 4];
+        self.stream.read_exact(&mut word).map_err(failure)?;
+        let len = u32::from_le_bytes(word);
+        if len == ABORT_PIECE {
+            let mut rank = [0u8; 8];
+            self.stream.read_exact(&mut rank).map_err(failure)?;
+            self.stream.read_exact(&mut word).map_err(failure)?;
+            let mut message = vec![0u8; u32::from_le_bytes(word) as usize];
+            self.stream.read_exact(&mut message).map_err(failure)?;
+            return Err(LinkFailure::Aborted {
+                rank: u64::from_le_bytes(rank) as usize,
+                message: String::from_utf8_lossy(&message).into_owned(),
+            });
+        }
+        let start = out.len();
+        out.resize(start + len as usize, 0);
+        self.stream.read_exact(&mut out[start..]).map_err(failure)
+    }
+
     /// The next frame, which must be `kind` for collective `seq`.
     fn expect(&mut self, kind: Kind, seq: u64) -> Result<Frame, LinkFailure> {
         let frame = self.recv()?;
-        if frame.kind != kind || frame.seq != seq {
-            return Err(LinkFailure::Garbled(format!(
-                "sent {:?} #{} while this rank is at {kind:?} #{seq} (ranks issued different \
-                 collectives)",
-                frame.kind, frame.seq
-            )));
-        }
+        check_order(frame.kind, frame.seq, kind, seq)?;
         Ok(frame)
+    }
+}
+
+/// A message's head and payload.
+fn send_frame(
+    stream: &mut TcpStream,
+    kind: Kind,
+    seq: u64,
+    aux: u64,
+    payload: &[u8],
+) -> Result<(), LinkFailure> {
+    (stream.write_all(&head_bytes(kind, seq, aux, payload.len())))
+        .and_then(|_| stream.write_all(payload))
+        .map_err(failure)
+}
+
+/// Errors unless a message of `got` #`their_seq` is the `kind` #`seq` this rank is at.
+fn check_order(got: Kind, their_seq: u64, kind: Kind, seq: u64) -> Result<(), LinkFailure> {
+    match got == kind && their_seq == seq {
+        true => Ok(()),
+        false => Err(LinkFailure::Garbled(format!(
+            "sent {got:?} #{their_seq} while this rank is at {kind:?} #{seq} (ranks issued \
+             different collectives)"
+        ))),
     }
 }
 
@@ -344,14 +413,18 @@ impl TcpCollective {
         Ok(link)
     }
 
-    /// Runs one collective: each non-root rank sends `payload` to rank 0; rank 0 calls
-    /// `combine` with every rank's payload (its own first) and sends back what it returns.
+    /// Runs one collective: each rank sends `own` (its bytes, or nothing when only one rank
+    /// contributes) to rank 0, which streams the result back piece by piece — each piece of
+    /// `plan` (a byte range and the dtype of its elements) combined by `combine` from every
+    /// contributing rank's bytes (rank order; empty for a rank that contributes nothing) as
+    /// soon as it has arrived, while the rest is still in flight.
     fn exchange(
         &self,
         kind: Kind,
         aux: u64,
-        payload: Vec<u8>,
-        combine: impl FnOnce(Vec<Vec<u8>>) -> Result<Vec<u8>>,
+        own: Vec<u8>,
+        plan: &[(std::ops::Range<usize>, DType)],
+        combine: impl FnMut(&[&[u8]], DType) -> Vec<u8>,
     ) -> Result<Vec<u8>> {
         let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((rank, message)) = &group.broken {
@@ -364,62 +437,117 @@ impl TcpCollective {
         group.seq += 1;
         let seq = group.seq;
         let during = format!("{kind:?} #{seq}");
+        let head = Head { kind, seq, aux };
         let result = match self.rank {
-            0 => {
-                self.gather_and_answer(&mut group.links, kind, seq, aux, payload, combine, &during)
-            }
-            _ => {
-                let link = &mut group.links[0];
-                (link.send(kind, seq, aux, &payload))
-                    .and_then(|_| link.expect(Kind::Result, seq))
-                    .map(|f| f.payload)
-                    .map_err(|f| peer_error(0, &during, f, self.timeout))
-            }
+            0 => self.gather_and_answer(&mut group.links, head, &own, plan, combine, &during),
+            _ => self.send_and_receive(&mut group.links[0], head, &own, &during),
         };
         if let Err(DistError::Peer { rank, message, .. }) = &result {
             group.broken = Some((*rank, message.clone()));
-            if self.rank == 0 {
-                // Tell everyone still listening who failed, so they stop waiting now.
-                for link in &mut group.links {
-                    let _ = link.send(Kind::Abort, seq, *rank as u64, message.as_bytes());
+        }
+        result
+    }
+
+    /// A non-root rank's side: sends its bytes on a second thread while it reads rank 0's
+    /// answer (rank 0 starts answering before it has everything).
+    fn send_and_receive(
+        &self,
+        link: &mut Link,
+        head: Head,
+        own: &[u8],
+        during: &str,
+    ) -> Result<Vec<u8>> {
+        let fail = |f| peer_error(0, during, f, 2 * self.timeout);
+        let mut writer = link
+            .stream
+            .try_clone()
+            .map_err(|e| fail(LinkFailure::Io(e)))?;
+        std::thread::scope(|scope| {
+            let sending =
+                scope.spawn(move || send_frame(&mut writer, head.kind, head.seq, head.aux, own));
+            let received = (|| {
+                let (_, total) = link.expect_head(Kind::Result, head.seq)?;
+                let mut out = Vec::with_capacity(total);
+                while out.len() < total {
+                    link.recv_piece(&mut out)?;
                 }
+                Ok(out)
+            })();
+            if received.is_err() {
+                // Unblocks the sending thread: the group is over.
+                let _ = link.stream.shutdown(std::net::Shutdown::Both);
+            }
+            let sent = (sending.join()).unwrap_or_else(|_| {
+                Err(LinkFailure::Garbled("the sending thread panicked".into()))
+            });
+            match (received, sent) {
+                (Ok(out), Ok(())) => Ok(out),
+                (Err(f), _) | (Ok(_), Err(f)) => Err(fail(f)),
+            }
+        })
+    }
+
+    /// Rank 0's side; on a rank's failure it tells every other rank who failed (in place of
+    /// the next piece once it has begun answering), so they stop waiting now.
+    fn gather_and_answer(
+        &self,
+        links: &mut [Link],
+        head: Head,
+        own: &[u8],
+        plan: &[(std::ops::Range<usize>, DType)],
+        combine: impl FnMut(&[&[u8]], DType) -> Vec<u8>,
+        during: &str,
+    ) -> Result<Vec<u8>> {
+        let mut answering = false;
+        let result = self.combine_pieces(links, head, own, plan, combine, during, &mut answering);
+        if let Err(DistError::Peer { rank, message, .. }) = &result {
+            for link in links.iter_mut() {
+                let _ = match answering {
+                    true => link.send_abort_piece(*rank, message),
+                    false => link.send(Kind::Abort, head.seq, *rank as u64, message.as_bytes()),
+                };
             }
         }
         result
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn gather_and_answer(
+    fn combine_pieces(
         &self,
         links: &mut [Link],
-        kind: Kind,
-        seq: u64,
-        aux: u64,
-        own: Vec<u8>,
-        combine: impl FnOnce(Vec<Vec<u8>>) -> Result<Vec<u8>>,
+        head: Head,
+        own: &[u8],
+        plan: &[(std::ops::Range<usize>, DType)],
+        mut combine: impl FnMut(&[&[u8]], DType) -> Vec<u8>,
         during: &str,
+        answering: &mut bool,
     ) -> Result<Vec<u8>> {
-        let mut all = Vec::with_capacity(self.world);
-        all.push(own);
-        // Every contribution within one timeout from now, however many ranks are silent.
+        let total = plan.last().map_or(0, |(bytes, _)| bytes.end);
+        // Broadcast and Split carry one rank's bytes; the others send nothing.
+        let one_sided = matches!(head.kind, Kind::Broadcast | Kind::Split);
+        let fits = |len: usize| len == total || (one_sided && len == 0);
+        if !fits(own.len()) {
+            return Err(DistError::Usage(format!(
+                "{during}: {} bytes for a collective of {total}",
+                own.len()
+            )));
+        }
+        // Every rank's head within one timeout from now, however many ranks are silent.
         let deadline = Instant::now() + self.timeout;
+        let mut lens = Vec::with_capacity(links.len());
         for link in links.iter_mut() {
             let left = deadline.saturating_duration_since(Instant::now());
-            let waited = (link
-                .stream
-                .set_read_timeout(Some(left.max(Duration::from_millis(1)))))
-            .map_err(LinkFailure::Io)
-            .and_then(|_| link.expect(kind, seq));
-            let frame = waited.map_err(|f| peer_error(link.rank, during, f, self.timeout))?;
-            // Broadcast and Split carry one rank's bytes; the others send nothing.
-            let one_sided = matches!(kind, Kind::Broadcast | Kind::Split);
-            if frame.aux != aux || (frame.payload.len() != all[0].len() && !one_sided) {
+            let waited = (link.stream)
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .map_err(LinkFailure::Io)
+                .and_then(|_| link.expect_head(head.kind, head.seq));
+            let (aux, len) = waited.map_err(|f| peer_error(link.rank, during, f, self.timeout))?;
+            if aux != head.aux || !fits(len) {
                 let message = format!(
-                    "sent {} bytes (detail {:#x}) where rank 0 has {} (detail {aux:#x}): the \
+                    "sent {len} bytes (detail {aux:#x}) where rank 0 has {} (detail {:#x}): the \
                      ranks passed different tensors",
-                    frame.payload.len(),
-                    frame.aux,
-                    all[0].len()
+                    own.len(),
+                    head.aux
                 );
                 return Err(DistError::Peer {
                     rank: link.rank,
@@ -427,15 +555,66 @@ impl TcpCollective {
                     message,
                 });
             }
-            all.push(frame.payload);
+            lens.push(len);
         }
-        let result = combine(all)?;
+        *answering = true;
         for link in links.iter_mut() {
-            link.send(Kind::Result, seq, 0, &result)
-                .map_err(|f| peer_error(link.rank, during, f, self.timeout))?;
+            let answer = (link.stream.set_read_timeout(Some(self.timeout)))
+                .map_err(LinkFailure::Io)
+                .and_then(|_| send_head(&mut link.stream, Kind::Result, head.seq, total));
+            answer.map_err(|f| peer_error(link.rank, during, f, self.timeout))?;
+        }
+        let mut bufs: Vec<Vec<u8>> = links.iter().map(|_| Vec::new()).collect();
+        let mut result = Vec::with_capacity(total);
+        for (bytes, dtype) in plan {
+            for ((link, buf), &len) in links.iter_mut().zip(&mut bufs).zip(&lens) {
+                buf.resize(if len == 0 { 0 } else { bytes.len() }, 0);
+                (link.stream.read_exact(buf))
+                    .map_err(|e| peer_error(link.rank, during, failure(e), self.timeout))?;
+            }
+            let mine: &[u8] = if own.is_empty() {
+                &[]
+            } else {
+                &own[bytes.clone()]
+            };
+            let pieces: Vec<&[u8]> = std::iter::once(mine)
+                .chain(bufs.iter().map(Vec::as_slice))
+                .collect();
+            let out = combine(&pieces, *dtype);
+            for link in links.iter_mut() {
+                (link.send_piece(&out))
+                    .map_err(|f| peer_error(link.rank, during, f, self.timeout))?;
+            }
+            result.extend_from_slice(&out);
         }
         Ok(result)
     }
+}
+
+/// Which collective a message belongs to.
+#[derive(Clone, Copy)]
+struct Head {
+    kind: Kind,
+    seq: u64,
+    aux: u64,
+}
+
+/// A message's head alone, announcing `len` bytes that follow as pieces.
+fn send_head(stream: &mut TcpStream, kind: Kind, seq: u64, len: usize) -> Result<(), LinkFailure> {
+    stream
+        .write_all(&head_bytes(kind, seq, 0, len))
+        .map_err(failure)
+}
+
+/// A message's 29-byte head: magic, kind, sequence number, detail word, payload length.
+fn head_bytes(kind: Kind, seq: u64, aux: u64, len: usize) -> [u8; 29] {
+    let mut head = [0u8; 29];
+    head[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    head[4] = kind as u8;
+    head[5..13].copy_from_slice(&seq.to_le_bytes());
+    head[13..21].copy_from_slice(&aux.to_le_bytes());
+    head[21..29].copy_from_slice(&(len as u64).to_le_bytes());
+    head
 }
 
 fn read_u64(bytes: &[u8]) -> Option<u64> {
@@ -484,15 +663,20 @@ impl Collective for TcpCollective {
 
     fn all_reduce(&self, tensors: &[Tensor], op: Reduce) -> Result<()> {
         let own = download_all(tensors)?;
-        let sig = signature(tensors);
+        let plan = pieces(&signature(tensors), PIECE_BYTES);
         let code = match op {
             Reduce::Sum => 1,
             Reduce::Avg => 2,
             Reduce::Max => 3,
         };
-        let result = self.exchange(Kind::AllReduce, digest(tensors, code), own, |all| {
-            Ok(reduce_host(&all, &sig, op))
-        })?;
+        let world = self.world as f64;
+        let result = self.exchange(
+            Kind::AllReduce,
+            digest(tensors, code),
+            own,
+            &plan,
+            |all, dtype| reduce_piece(all, dtype, op, world),
+        )?;
         upload_all(tensors, &result)
     }
 
@@ -504,16 +688,10 @@ impl Collective for TcpCollective {
             false => Vec::new(),
         };
         let aux = digest(tensors, 0x10 | root as u8);
-        let expected: usize = tensors.iter().map(crate::collective::byte_len).sum();
-        let result = self.exchange(Kind::Broadcast, aux, own, |mut all| {
-            Ok(std::mem::take(&mut all[root]))
+        let plan = pieces(&signature(tensors), PIECE_BYTES);
+        let result = self.exchange(Kind::Broadcast, aux, own, &plan, |all, _| {
+            all[root].to_vec()
         })?;
-        if result.len() != expected {
-            return Err(DistError::Protocol(format!(
-                "broadcast from rank {root}: {} bytes for tensors of {expected}",
-                result.len()
-            )));
-        }
         if self.rank != root {
             upload_all(tensors, &result)?;
         }
@@ -521,7 +699,7 @@ impl Collective for TcpCollective {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.exchange(Kind::Barrier, 0, Vec::new(), |_| Ok(Vec::new()))
+        self.exchange(Kind::Barrier, 0, Vec::new(), &[], |_, _| Vec::new())
             .map(|_| ())
     }
 
@@ -538,13 +716,16 @@ impl Collective for TcpCollective {
                 };
                 let publish = |addr: &str| {
                     let bytes = addr.as_bytes().to_vec();
-                    self.exchange(Kind::Split, 0, bytes, |all| Ok(all[0].clone()))
+                    let plan = pieces(&[(DType::U8, bytes.len())], PIECE_BYTES);
+                    self.exchange(Kind::Split, 0, bytes, &plan, |all, _| all[0].to_vec())
                         .map(|_| ())
                 };
                 Self::accept_all(ip, publish, self.world, timeout)?
             }
             _ => {
-                let bytes = self.exchange(Kind::Split, 0, Vec::new(), |all| Ok(all[0].clone()))?;
+                // The address's length is rank 0's to know: it is announced in the answer.
+                let bytes =
+                    self.exchange(Kind::Split, 0, Vec::new(), &[], |all, _| all[0].to_vec())?;
                 let address = String::from_utf8_lossy(&bytes).into_owned();
                 vec![Self::join(&address, self.rank, self.world, timeout)?]
             }

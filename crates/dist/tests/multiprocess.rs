@@ -267,6 +267,14 @@ fn rank_process() {
         .expect("started by a multi-process test");
     let timeout = redline_dist::timeout_from_env().unwrap();
     let number = |k: &str| var(k).parse::<usize>().ok();
+    if var("REDLINE_TEST_COLLECTIVES") == "1" {
+        let outcome = redline_dist::connect(&launch, timeout)
+            .map_err(|e| e.to_string())
+            .and_then(|c| collectives(c.as_ref()));
+        let text = outcome.map_or_else(|e| format!("error: {e}"), |()| "ok".to_string());
+        std::fs::write(out.join(format!("rank{}.txt", launch.rank)), text).unwrap();
+        return;
+    }
     let result = redline_dist::connect(&launch, timeout)
         .map_err(|e| e.to_string())
         .and_then(|collective| {
@@ -304,6 +312,49 @@ fn rank_process() {
         }
         Err(e) => std::fs::write(out.join(format!("rank{rank}.err")), e).unwrap(),
     }
+}
+
+/// Collectives whose buffers stream in several pieces, with mixed dtypes, checked against
+/// what every rank can compute itself.
+fn collectives(c: &dyn Collective) -> Result<(), String> {
+    let err = |e: redline_tensor::TensorError| e.to_string();
+    let dist = |e: redline_dist::DistError| e.to_string();
+    let (rank, world) = (c.rank(), c.world());
+    let device = redline_cpu::CpuBackend::device();
+    // 3 MB of f32 (three pieces), then f64 and i64 in the same all-reduce.
+    let n = 750_000;
+    let big: Vec<f32> = (0..n)
+        .map(|i| (i % 1000) as f32 * (rank + 1) as f32)
+        .collect();
+    let big = Tensor::from_slice(&big, &[n], &device).map_err(err)?;
+    let small = Tensor::from_slice(&[0.5f64 * rank as f64, -1.0], &[2], &device).map_err(err)?;
+    let ints = Tensor::from_slice(&[rank as i64, 1 << 40], &[2], &device).map_err(err)?;
+    let tensors = [big.clone(), small.clone(), ints.clone()];
+    c.all_reduce(&tensors, redline_dist::Reduce::Sum)
+        .map_err(dist)?;
+    let ranks_sum = (world * (world + 1) / 2) as f32;
+    let got = big.to_vec::<f32>().map_err(err)?;
+    if let Some(i) = (0..n).find(|&i| got[i] != (i % 1000) as f32 * ranks_sum) {
+        return Err(format!("all-reduced f32 element {i}: {}", got[i]));
+    }
+    let half_sum = 0.5 * (world * (world - 1) / 2) as f64;
+    if small.to_vec::<f64>().map_err(err)? != [half_sum, -(world as f64)] {
+        return Err(format!("all-reduced f64: {:?}", small.to_vec::<f64>()));
+    }
+    let int_sum = (world * (world - 1) / 2) as i64;
+    if ints.to_vec::<i64>().map_err(err)? != [int_sum, (1 << 40) * world as i64] {
+        return Err(format!("all-reduced i64: {:?}", ints.to_vec::<i64>()));
+    }
+    // 1.6 MB from the last rank to everyone.
+    let from = world - 1;
+    let values: Vec<f32> = (0..400_000).map(|i| (i * (rank + 1)) as f32).collect();
+    let b = Tensor::from_slice(&values, &[400_000], &device).map_err(err)?;
+    c.broadcast(std::slice::from_ref(&b), from).map_err(dist)?;
+    let got = b.to_vec::<f32>().map_err(err)?;
+    if (0..400_000).any(|i| got[i] != (i * world) as f32) {
+        return Err("broadcast from the last rank".into());
+    }
+    c.barrier().map_err(dist)
 }
 
 // --- the test side ----------------------------------------------------------------------
@@ -634,4 +685,18 @@ fn synchronised_batch_norm_on_2_and_4_ranks_trains_like_one_process() {
         local > 100.0 * TOLERANCE,
         "local statistics came out like synchronised ones ({local:e})"
     );
+}
+
+#[test]
+fn collectives_of_several_pieces_and_dtypes_agree_on_three_ranks() {
+    let out = tempfile_dir("collectives");
+    let extra = [
+        ("REDLINE_TEST_COLLECTIVES", "1".to_string()),
+        ("REDLINE_DIST_TIMEOUT", "60".to_string()),
+    ];
+    wait_all(start(3, &[0, 1, 2], &out, &extra));
+    for rank in 0..3 {
+        let text = std::fs::read_to_string(out.join(format!("rank{rank}.txt"))).unwrap();
+        assert_eq!(text, "ok", "rank {rank}");
+    }
 }

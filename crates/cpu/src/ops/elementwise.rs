@@ -258,10 +258,20 @@ pub(crate) fn convert(x: &Data, xl: &Layout, dtype: DType, out: &Layout) -> Data
 /// The view's elements in row-major order as little-endian bytes.
 pub(crate) fn download(x: &Data, xl: &Layout) -> Vec<u8> {
     let row_major = Layout::contiguous(xl.shape());
+    let size = x.dtype().size();
     with_data!(x, v => {
-        let values = relayout(v, xl, &row_major);
-        let mut bytes = Vec::with_capacity(values.len() * x.dtype().size());
-        values.into_iter().for_each(|e| e.put_le(&mut bytes));
+        // A row-major view is a plain slice: no gather (a whole gradient, a loader batch).
+        let relaid;
+        let values = if xl.is_contiguous() {
+            &v[xl.offset()..xl.offset() + xl.numel()]
+        } else {
+            relaid = relayout(v, xl, &row_major);
+            &relaid[..]
+        };
+        let mut bytes = vec![0u8; values.len() * size];
+        for (out, &e) in bytes.chunks_exact_mut(size).zip(values) {
+            e.write_le(out);
+        }
         bytes
     })
 }
