@@ -37,6 +37,10 @@ pub enum Uneven {
     Pad,
     /// Leave out the tail: every rank gets `floor(len / world)`.
     Drop,
+    /// Every sample exactly once: rank `r` takes positions `r, r + w, …` below the length, so
+    /// ranks may differ by one sample. For evaluation, where no step keeps the ranks in step
+    /// and sums over ranks must count each sample once (random and sequential orders).
+    Exact,
 }
 
 /// Where a rank is in its stream of samples: the checkpointable resume state.
@@ -145,6 +149,13 @@ impl Order {
                 "rank {rank} of a world of {world} (ranks count from 0)"
             )));
         }
+        if uneven == Uneven::Exact && matches!(self.mode, Mode::PageGrouped { .. }) {
+            return Err(OrderError(
+                "exact sharding (each sample once) is for random and sequential orders, not \
+                 page-grouped"
+                    .into(),
+            ));
+        }
         if uneven == Uneven::Drop && self.len < world {
             return Err(OrderError(format!(
                 "dropping the uneven tail of {} samples leaves nothing for {world} ranks",
@@ -164,6 +175,7 @@ impl Order {
         match self.uneven {
             Uneven::Pad => self.len.div_ceil(self.world),
             Uneven::Drop => self.len / self.world,
+            Uneven::Exact => (self.len + self.world - 1 - self.rank) / self.world,
         }
     }
 
@@ -174,7 +186,10 @@ impl Order {
         }
         let mut rng = SplitMix::new(self.seed, epoch);
         let per_rank = self.per_rank();
-        let total = per_rank * self.world;
+        let total = match self.uneven {
+            Uneven::Exact => self.len,
+            _ => per_rank * self.world,
+        };
         match self.mode {
             Mode::Sequential | Mode::Random => {
                 let mut all: Vec<u64> = (0..self.len as u64).collect();

@@ -181,3 +181,37 @@ fn a_position_that_cannot_be_split_evenly_or_a_page_grouped_one_is_refused() {
     assert!(err.contains("resumes only on 2"), "{err}");
     assert!(at.reshard(Mode::Random, 0, 1).is_err());
 }
+
+#[test]
+fn exact_sharding_gives_every_sample_to_one_rank_once() {
+    for (len, world) in [(10, 4), (3, 4), (12, 3), (1, 1)] {
+        let all = ranks(len, world, Mode::Random, Uneven::Exact, 2);
+        let mut seen: Vec<u64> = all.iter().flatten().copied().collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            (0..len as u64).collect::<Vec<_>>(),
+            "{len} over {world}"
+        );
+        let sizes: Vec<usize> = all.iter().map(Vec::len).collect();
+        assert!(
+            sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1,
+            "{sizes:?}"
+        );
+        for (r, rank) in all.iter().enumerate() {
+            let order = Order::new(len, 7, Mode::Random).unwrap();
+            let per = order.sharded(r, world, Uneven::Exact).unwrap().per_rank();
+            assert_eq!(per, rank.len());
+        }
+    }
+    let grouped = Mode::PageGrouped {
+        group: 2,
+        window: 1,
+    };
+    let err = Order::new(8, 1, grouped)
+        .unwrap()
+        .sharded(0, 2, Uneven::Exact)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("page-grouped"), "{err}");
+}

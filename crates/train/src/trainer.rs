@@ -4,7 +4,7 @@ use redline_amp::{autocast, for_f32, GradScaler};
 use std::path::Path;
 use std::sync::Arc;
 
-use redline_dist::{Collective, DataParallel, SyncBatchStats};
+use redline_dist::{Collective, DataParallel, Reduce as ReduceOp, SyncBatchStats};
 
 use redline_loader::{Batch, LoaderError, Mode, Position};
 use redline_nn::{
@@ -457,7 +457,9 @@ impl Trainer {
     }
 
     /// Loss, top-1 and top-5 over `batches` in evaluation mode (running statistics, no tape);
-    /// the model is back in training mode afterwards.
+    /// the model is back in training mode afterwards. A rank of a data-parallel job evaluates
+    /// its own shard (a loader with `Uneven::Exact`: each sample on exactly one rank) and gets
+    /// the figures over every rank's.
     pub fn evaluate(
         &self,
         batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
@@ -493,6 +495,16 @@ impl Trainer {
             top1 += top_k_correct(&host, classes, &labels, 1);
             top5 += top_k_correct(&host, classes, &labels, 5.min(classes));
             images += counted;
+        }
+        // A rank of a data-parallel job evaluated its shard (each sample on one rank): the
+        // sums over every rank. Every rank takes part, with or without images of its own.
+        if let Some(ranked) = &self.data_parallel {
+            let sums = [loss_sum, top1 as f64, top5 as f64, images as f64];
+            let t = Tensor::from_slice(&sums, &[4], &Device::reference())?;
+            (ranked.reducer.collective()).all_reduce(std::slice::from_ref(&t), ReduceOp::Sum)?;
+            let total = t.to_vec::<f64>()?;
+            loss_sum = total[0];
+            (top1, top5, images) = (total[1] as usize, total[2] as usize, total[3] as usize);
         }
         if images == 0 {
             return Err(TrainError::NoData);

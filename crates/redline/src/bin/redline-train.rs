@@ -14,7 +14,8 @@
 //! LOCAL_RANK, MASTER_ADDR, MASTER_PORT — `torchrun --no-python`, `srun`, or
 //! `cargo xtask train --nproc N`), each process trains on its shard of the data with `--batch`
 //! images per step (the global batch is `--batch × WORLD_SIZE`, and the default learning rate
-//! follows it), gradients are averaged across processes during backward, and rank 0 alone
+//! follows it), gradients are averaged across processes during backward, evaluation is
+//! sharded (each validation image on one process, the figures summed), and rank 0 alone
 //! prints progress and writes checkpoints and the report. A checkpoint resumes on any number of
 //! processes with the data order unchanged (the position is rescaled).
 
@@ -27,7 +28,7 @@ use std::time::Instant;
 use clap::Parser;
 use redline::registry::{self, Kind};
 use redline_dist::{Launch, DEFAULT_BUCKET_BYTES};
-use redline_loader::{Config, Loader, Mode, Position};
+use redline_loader::{Config, Loader, Mode, Position, Uneven};
 use redline_nn::{decay_groups, ResNet, ResNetConfig, Schedule, Sgd};
 use redline_shard::ShardSet;
 use redline_tensor::PendingVec;
@@ -159,14 +160,15 @@ fn run() -> Res<()> {
     config.zero_init_residual = true;
     let model = ResNet::new(config, &device)?;
     let sgd = Sgd::new(decay_groups(&model, wd), 0.9, 0.0, true)?;
-    // Training batches come from this rank's shard; evaluation reads the whole split on every
-    // rank (the ranks stay in step, and rank 0 reports it).
+    // Each rank reads its shard: training batches padded to the same count on every rank,
+    // evaluation each sample exactly once (the trainer sums the figures over the ranks).
     let loader_config = |res: usize, train: bool| Config {
         workers,
         seed,
         allocator: device.host_allocator(),
-        rank: if train { rank } else { 0 },
-        world: if train { world } else { 1 },
+        rank,
+        world,
+        uneven: if train { Uneven::Pad } else { Uneven::Exact },
         ..Config::new(batch, res, train)
     };
     let per_epoch = Loader::new(train.clone(), loader_config(res, true), Position::default())?
