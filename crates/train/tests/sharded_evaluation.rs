@@ -87,7 +87,14 @@ fn two_ranks_evaluating_their_shards_report_the_whole_splits_figures() {
             (whole.top1, whole.top5),
             "rank {rank}"
         );
-        // Each image's loss is the same computation; only the sum's order differs.
-        assert!((sharded.loss - whole.loss).abs() <= 1e-9 * whole.loss.abs().max(1.0));
+        // Each batch's loss is an f32 mean over other images than the whole split's batches
+        // hold, and the kernels may block a smaller batch differently: equal to f32 rounding.
+        let diff = (sharded.loss - whole.loss).abs() / whole.loss.abs().max(1.0);
+        assert!(
+            diff <= 1e-5,
+            "rank {rank}: loss {} vs {} ({diff:e})",
+            sharded.loss,
+            whole.loss
+        );
     }
 }
