@@ -98,6 +98,11 @@ fn max_pool_gradients_refuse_positions_outside_their_plane() {
 }
 
 #[test]
+fn downloads_ordered_after_an_event_see_the_work_before_it() {
+    redline_testkit::events::check_events(&CpuBackend::device()).unwrap();
+}
+
+#[test]
 fn convolutions_over_several_tiles_and_threads() {
     let p3 = Conv2dParams {
         padding: [1, 1],

@@ -25,7 +25,7 @@ use crate::convolution::ConvPlan;
 use crate::cublaslt::{self, CublasLt};
 use crate::cudnn::Cudnn;
 use crate::gemm::GemmPlan;
-use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Library};
+use crate::gpu::{DevicePtr, Gpu, GpuEvent, KernelArgs, LaunchShape, Library};
 use crate::kernels;
 use crate::libs::{self, LibError};
 use crate::nvrtc::Nvrtc;
@@ -164,6 +164,8 @@ struct Blas {
 pub struct CudaDriver {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Transfers ordered by events instead of behind every launch (created on first use).
+    copy_stream: OnceLock<Arc<CudaStream>>,
     info: DeviceInfo,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     nvrtc: OnceLock<Result<Nvrtc, String>>,
@@ -238,6 +240,7 @@ impl CudaDriver {
         Ok(Self {
             ctx,
             stream,
+            copy_stream: OnceLock::new(),
             info,
             modules: Mutex::new(HashMap::new()),
             nvrtc: OnceLock::new(),
@@ -263,6 +266,18 @@ impl CudaDriver {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.error("binding the context", e))
+    }
+
+    /// The copy stream, created on first use.
+    fn copy_stream(&self) -> Result<&Arc<CudaStream>> {
+        if let Some(s) = self.copy_stream.get() {
+            return Ok(s);
+        }
+        let created = self
+            .ctx
+            .new_stream()
+            .map_err(|e| self.error("creating the copy stream", e))?;
+        Ok(self.copy_stream.get_or_init(|| created))
     }
 
     /// cuBLASLt, loaded with its workspace on first use; an error says why it is not used.
@@ -502,6 +517,39 @@ impl Gpu for CudaDriver {
         let finish = self
             .staging
             .download(&self.stream, src.0, len)
+            .map_err(|e| self.error("download", e))?;
+        Ok(Download::pending(move || {
+            finish().map_err(|what| TensorError::Backend { device: name, what })
+        }))
+    }
+
+    fn record_event(&self) -> Result<Option<GpuEvent>> {
+        self.bind()?;
+        let event = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .and_then(|e| e.record(&self.stream).map(|()| e))
+            .map_err(|e| self.error("recording an event", e))?;
+        Ok(Some(Arc::new(event)))
+    }
+
+    fn wait_event(&self, event: &GpuEvent) -> Result<()> {
+        self.bind()?;
+        self.stream
+            .wait(event)
+            .map_err(|e| self.error("waiting for an event", e))
+    }
+
+    fn download_after(&self, src: DevicePtr, len: usize, after: &GpuEvent) -> Result<Download> {
+        self.bind()?;
+        let copies = self.copy_stream()?;
+        copies
+            .wait(after)
+            .map_err(|e| self.error("ordering a download after an event", e))?;
+        let name = self.name();
+        let finish = self
+            .staging
+            .download(copies, src.0, len)
             .map_err(|e| self.error("download", e))?;
         Ok(Download::pending(move || {
             finish().map_err(|what| TensorError::Backend { device: name, what })

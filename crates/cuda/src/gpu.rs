@@ -43,6 +43,9 @@ impl LaunchShape {
     }
 }
 
+/// A CUDA event shared between the op that recorded it and those that wait for it.
+pub type GpuEvent = Arc<cudarc::driver::CudaEvent>;
+
 pub trait Gpu: Send + Sync + fmt::Debug {
     /// "cuda:0 (NVIDIA H200)", "cuda-emulator".
     fn name(&self) -> String;
@@ -73,6 +76,26 @@ pub trait Gpu: Send + Sync + fmt::Debug {
         let mut bytes = vec![0u8; len];
         self.download(src, &mut bytes)?;
         Ok(Download::ready(bytes))
+    }
+
+    /// An event recorded after every launch and copy enqueued so far; `None` where they have
+    /// finished when enqueued (the emulator).
+    fn record_event(&self) -> Result<Option<GpuEvent>> {
+        Ok(None)
+    }
+
+    /// Launches enqueued after this wait on the device for `event` (which may have been
+    /// recorded on another stream).
+    fn wait_event(&self, event: &GpuEvent) -> Result<()> {
+        let _ = event;
+        Ok(())
+    }
+
+    /// Like [`Gpu::download_async`], ordered after `after` only: the copy runs on a copy
+    /// stream that waits for the event, not behind launches enqueued since.
+    fn download_after(&self, src: DevicePtr, len: usize, after: &GpuEvent) -> Result<Download> {
+        let _ = after;
+        self.download_async(src, len)
     }
 
     /// Records the device's clock into timestamp slot `slot` (below [`TIMESTAMP_SLOTS`]) once

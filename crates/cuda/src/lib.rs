@@ -39,13 +39,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    stats_dtype, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams, DType, Download,
+    stats_dtype, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams, DType, Download, Event,
     HostBytes, Layout, Op, Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage,
     TensorError, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
 };
 
 pub use emulator::Emulator;
-pub use gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Library, Strided};
+pub use gpu::{DevicePtr, Gpu, GpuEvent, KernelArgs, LaunchShape, Library, Strided};
 pub use memory::{Buffer, MemoryPool};
 pub use redline_tensor::MemoryStats;
 
@@ -208,6 +208,21 @@ impl CudaBackend {
         Ok((self.buffer(&gathered)?.ptr, Some(gathered)))
     }
 
+    /// This device's event behind `event`; `None` for one already reached. An event of another
+    /// device is refused by name.
+    fn event<'e>(&self, event: &'e Event) -> Result<Option<&'e GpuEvent>> {
+        if event.is_reached() {
+            return Ok(None);
+        }
+        event
+            .downcast::<GpuEvent>(self.id)
+            .map(Some)
+            .ok_or_else(|| TensorError::Backend {
+                device: self.name(),
+                what: "an event recorded on another device".into(),
+            })
+    }
+
     /// The multi-tensor ops' slots: tensor i's storages from each list (param, grad, states).
     fn slots(&self, lists: &[&[&Storage]]) -> Result<Vec<ops::optim::Slot>> {
         let count = lists.first().map_or(0, |l| l.len());
@@ -332,6 +347,35 @@ impl Backend for CudaBackend {
         self.transfers.downloads.fetch_add(1, Ordering::Relaxed);
         let (at, _gathered) = self.row_major(x)?;
         self.gpu.download_async(at, len)
+    }
+
+    fn record_event(&self) -> Result<Event> {
+        Ok(match self.gpu.record_event()? {
+            Some(event) => Event::new(self.id, event),
+            None => Event::reached(),
+        })
+    }
+
+    fn wait_event(&self, event: &Event) -> Result<()> {
+        match self.event(event)? {
+            Some(e) => self.gpu.wait_event(e),
+            None => Ok(()),
+        }
+    }
+
+    fn download_after(&self, x: View<'_>, after: &Event) -> Result<Download> {
+        let _range = nvtx::range("download_after");
+        let (Some(event), true) = (self.event(after)?, x.layout.is_contiguous()) else {
+            // A gather runs on the compute stream anyway: download behind it.
+            return self.download_async(x);
+        };
+        let len = x.layout.numel() * x.dtype().size();
+        if len == 0 {
+            return Ok(Download::ready(Vec::new()));
+        }
+        self.transfers.downloads.fetch_add(1, Ordering::Relaxed);
+        let (at, _) = self.row_major(x)?;
+        self.gpu.download_after(at, len, event)
     }
 
     fn timestamp(&self) -> Result<Option<Timestamp>> {

@@ -524,6 +524,12 @@ fn timestamps_are_taken_in_queue_order_and_bracket_the_work_between_them() {
     redline_testkit::timing::check_timestamps(&device()).unwrap();
 }
 
+/// The event contract (on the emulator every event is already reached when recorded).
+#[test]
+fn downloads_ordered_after_an_event_see_the_work_before_it() {
+    redline_testkit::events::check_events(&device()).unwrap();
+}
+
 /// An asynchronous download sees the ops enqueued before it, of strided views too.
 #[test]
 fn an_asynchronous_download_returns_what_a_synchronous_one_does() {

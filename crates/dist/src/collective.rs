@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use redline_tensor::{DType, HostBytes, Tensor};
+use redline_tensor::{DType, Event, HostBytes, Tensor};
 
 use crate::error::{DistError, Result};
 
@@ -30,6 +30,20 @@ pub trait Collective: Send + Sync {
     fn world(&self) -> usize;
     /// Reduces each tensor element-wise across ranks; every rank ends with the same result.
     fn all_reduce(&self, tensors: &[Tensor], op: Reduce) -> Result<()>;
+    /// [`all_reduce`](Self::all_reduce) of tensors whose values are final at `ready` (an event
+    /// recorded on their device after the ops that wrote them) and which nothing reads or
+    /// writes until the returned event has been waited for ([`Device::wait_event`]). It may
+    /// return before the device has the results: the returned event marks them. What a
+    /// gradient bucket does while backward goes on. The default reduces at once and returns
+    /// an event after its writes; a host collective downloads after `ready` only, a device
+    /// collective runs on a stream of its own.
+    ///
+    /// [`Device::wait_event`]: redline_tensor::Device::wait_event
+    fn all_reduce_after(&self, tensors: &[Tensor], op: Reduce, ready: &Event) -> Result<Event> {
+        let _ = ready;
+        self.all_reduce(tensors, op)?;
+        after_writes(tensors)
+    }
     /// Copies `root`'s tensors to every other rank.
     fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()>;
     /// Returns once every rank has called it.
@@ -54,6 +68,10 @@ impl Collective for SingleProcess {
     }
     fn all_reduce(&self, tensors: &[Tensor], _op: Reduce) -> Result<()> {
         tensors.iter().try_for_each(check_dense)
+    }
+    fn all_reduce_after(&self, tensors: &[Tensor], _op: Reduce, ready: &Event) -> Result<Event> {
+        tensors.iter().try_for_each(check_dense)?;
+        Ok(ready.clone())
     }
     fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
         check_root(root, 1)?;
@@ -90,14 +108,34 @@ pub(crate) fn check_dense(t: &Tensor) -> Result<()> {
     }
 }
 
-/// The tensors' elements as one little-endian buffer, in order (a bucket's message).
-pub(crate) fn download_all(tensors: &[Tensor]) -> Result<Vec<u8>> {
+/// The tensors' elements as one little-endian buffer, in order (a bucket's message): after
+/// every op enqueued so far, or only after `after` (started together, waited for in turn).
+pub(crate) fn download_all(tensors: &[Tensor], after: Option<&Event>) -> Result<Vec<u8>> {
     let mut bytes = Vec::with_capacity(tensors.iter().map(byte_len).sum());
+    let Some(after) = after else {
+        for t in tensors {
+            check_dense(t)?;
+            bytes.extend(t.device().backend().download(t.view())?);
+        }
+        return Ok(bytes);
+    };
+    let mut downloads = Vec::with_capacity(tensors.len());
     for t in tensors {
         check_dense(t)?;
-        bytes.extend(t.device().backend().download(t.view())?);
+        downloads.push(t.device().backend().download_after(t.view(), after)?);
+    }
+    for d in downloads {
+        bytes.extend(d.wait()?);
     }
     Ok(bytes)
+}
+
+/// An event after the writes enqueued so far on the tensors' device (none: already reached).
+pub(crate) fn after_writes(tensors: &[Tensor]) -> Result<Event> {
+    match tensors.first() {
+        Some(t) => Ok(t.device().record_event()?),
+        None => Ok(Event::reached()),
+    }
 }
 
 /// Writes a buffer made like [`download_all`]'s back into the tensors, in place.

@@ -5,8 +5,12 @@
 //! gradient-ready hook on every parameter counts down its bucket; when a bucket is complete
 //! (and every bucket before it has been started, so all ranks issue the same collectives in the
 //! same order) it goes to a communication thread that averages it across ranks while backward
-//! goes on with the layers below. [`DataParallel::synchronize`] waits for the last bucket:
-//! the optimizer never waits on anything else.
+//! goes on with the layers below. A bucket leaves with an event recorded on the device when it
+//! completes, so the collective waits for those gradients only, not for the backward ops
+//! enqueued since ([`Collective::all_reduce_after`]: a host collective downloads after it, a
+//! device one runs on its own stream). [`DataParallel::synchronize`] waits for the buckets to
+//! be issued and makes the device wait for their events: the optimizer's kernels wait on the
+//! device for the reduced gradients, the host for nothing more.
 //!
 //! Mixed precision needs nothing more: the GradScaler's found-inf check reads gradients that
 //! are already the same on every rank (an inf or NaN on one rank reaches all of them through
@@ -17,7 +21,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 
-use redline_tensor::{GradHook, Tensor};
+use redline_tensor::{Event, GradHook, Tensor};
 
 use crate::collective::{Collective, Reduce};
 use crate::error::{DistError, Result};
@@ -36,7 +40,7 @@ pub struct BucketLaunch {
 /// Keeps the gradients of one model's parameters the same on every rank.
 pub struct DataParallel {
     shared: Arc<Shared>,
-    jobs: Option<Sender<usize>>,
+    jobs: Option<Sender<(usize, Event)>>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -67,6 +71,8 @@ struct StepState {
     failed: usize,
     launches: Vec<BucketLaunch>,
     last_launches: Vec<BucketLaunch>,
+    /// Where each finished bucket's results are complete on the device.
+    reduced: Vec<Event>,
     /// The first failure of this step (a collective's, or a hook misused).
     error: Option<DistError>,
 }
@@ -78,6 +84,7 @@ impl StepState {
         self.next = 0;
         self.finished = 0;
         self.failed = 0;
+        self.reduced.clear();
         self.last_launches = std::mem::take(&mut self.launches);
     }
 }
@@ -119,13 +126,13 @@ impl DataParallel {
             state: Mutex::new(state),
             changed: Condvar::new(),
         });
-        let (jobs, queue) = channel::<usize>();
+        let (jobs, queue) = channel::<(usize, Event)>();
         let worker_shared = shared.clone();
         let worker = std::thread::Builder::new()
             .name("redline-allreduce".into())
             .spawn(move || {
-                for bucket in queue {
-                    worker_shared.reduce(bucket);
+                for (bucket, ready) in queue {
+                    worker_shared.reduce(bucket, &ready);
                 }
             })
             .map_err(|e| DistError::io("starting the all-reduce thread", e))?;
@@ -212,6 +219,13 @@ impl DataParallel {
         while state.finished + state.failed < state.next {
             state = shared.wait(state);
         }
+        if let Some((_, param)) = shared.params.first() {
+            let waited: std::result::Result<(), _> =
+                (state.reduced.iter()).try_for_each(|event| param.device().wait_event(event));
+            if let Err(e) = waited {
+                state.error.get_or_insert(e.into());
+            }
+        }
         let error = state.error.take();
         state.reset(&shared.buckets, shared.params.len());
         match error {
@@ -252,7 +266,7 @@ impl Shared {
 
     /// Parameter `index` has its gradient: start every bucket that is now complete and next in
     /// line.
-    fn gradient_ready(&self, index: usize, jobs: Option<&Sender<usize>>) {
+    fn gradient_ready(&self, index: usize, jobs: Option<&Sender<(usize, Event)>>) {
         let mut state = self.lock();
         if !state.sync {
             return;
@@ -268,6 +282,8 @@ impl Shared {
         state.ready[index] = true;
         let bucket = self.bucket_of[index];
         state.pending[bucket] -= 1;
+        // The point after this gradient's ops: every bucket completed now is final there.
+        let mut ready: Option<Event> = None;
         while state.next < self.buckets.len() && state.pending[state.next] == 0 {
             let bucket = state.next;
             let grads_pending = state.ready.iter().filter(|r| !**r).count();
@@ -276,7 +292,17 @@ impl Shared {
                 grads_pending,
             });
             state.next += 1;
-            let sent = jobs.is_some_and(|j| j.send(bucket).is_ok());
+            let event = match &ready {
+                Some(e) => e.clone(),
+                None => match self.params[index].1.device().record_event() {
+                    Ok(e) => ready.insert(e).clone(),
+                    Err(e) => {
+                        state.error.get_or_insert(e.into());
+                        Event::reached()
+                    }
+                },
+            };
+            let sent = jobs.is_some_and(|j| j.send((bucket, event)).is_ok());
             if !sent {
                 state
                     .error
@@ -285,20 +311,24 @@ impl Shared {
         }
     }
 
-    /// The communication thread's work: average one bucket's gradients across ranks.
-    fn reduce(&self, bucket: usize) {
+    /// The communication thread's work: average one bucket's gradients (final at `ready`)
+    /// across ranks.
+    fn reduce(&self, bucket: usize, ready: &Event) {
         let grads: Option<Vec<Tensor>> = (self.buckets[bucket].iter())
             .map(|&i| self.params[i].1.grad())
             .collect();
         let result = match grads {
-            Some(grads) => self.collective.all_reduce(&grads, Reduce::Avg),
+            Some(grads) => self.collective.all_reduce_after(&grads, Reduce::Avg, ready),
             None => Err(DistError::Usage(format!(
                 "bucket {bucket} was started with a gradient missing"
             ))),
         };
         let mut state = self.lock();
         match result {
-            Ok(()) => state.finished += 1,
+            Ok(done) => {
+                state.finished += 1;
+                state.reduced.push(done);
+            }
             Err(e) => {
                 state.failed += 1;
                 state.error.get_or_insert(e);

@@ -13,10 +13,11 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redline_tensor::{DType, Tensor};
+use redline_tensor::{DType, Event, Tensor};
 
 use crate::collective::{
-    check_root, download_all, pieces, reduce_piece, signature, upload_all, Collective, Reduce,
+    after_writes, check_root, download_all, pieces, reduce_piece, signature, upload_all,
+    Collective, Reduce,
 };
 use crate::error::{DistError, Result};
 use crate::store::Store;
@@ -652,17 +653,10 @@ fn digest(tensors: &[Tensor], op: u8) -> u64 {
     (h.finish() & 0x00FF_FFFF_FFFF_FFFF) | ((op as u64) << 56)
 }
 
-impl Collective for TcpCollective {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world(&self) -> usize {
-        self.world
-    }
-
-    fn all_reduce(&self, tensors: &[Tensor], op: Reduce) -> Result<()> {
-        let own = download_all(tensors)?;
+impl TcpCollective {
+    /// An all-reduce whose contribution is downloaded after every op so far, or after `ready`.
+    fn reduce_from(&self, tensors: &[Tensor], op: Reduce, ready: Option<&Event>) -> Result<()> {
+        let own = download_all(tensors, ready)?;
         let plan = pieces(&signature(tensors), PIECE_BYTES);
         let code = match op {
             Reduce::Sum => 1,
@@ -679,12 +673,31 @@ impl Collective for TcpCollective {
         )?;
         upload_all(tensors, &result)
     }
+}
+
+impl Collective for TcpCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce(&self, tensors: &[Tensor], op: Reduce) -> Result<()> {
+        self.reduce_from(tensors, op, None)
+    }
+
+    fn all_reduce_after(&self, tensors: &[Tensor], op: Reduce, ready: &Event) -> Result<Event> {
+        self.reduce_from(tensors, op, Some(ready))?;
+        after_writes(tensors)
+    }
 
     fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
         check_root(root, self.world)?;
         // Only the root's bytes travel in: the others send an empty contribution.
         let own = match self.rank == root {
-            true => download_all(tensors)?,
+            true => download_all(tensors, None)?,
             false => Vec::new(),
         };
         let aux = digest(tensors, 0x10 | root as u8);

@@ -148,6 +148,56 @@ impl fmt::Debug for Annotation {
     }
 }
 
+/// A point in a device's work order ([`Backend::record_event`]): reached once every op enqueued
+/// before it has finished. Transfers and collectives on a device's other streams order themselves
+/// after one instead of after everything (CUDA: an event on the compute stream). A backend whose
+/// ops have finished when they return hands out events that are already reached.
+#[derive(Clone)]
+pub struct Event {
+    owner: usize,
+    inner: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl Event {
+    /// An event already reached: the answer of a backend whose ops run as they are enqueued.
+    pub fn reached() -> Self {
+        Self {
+            owner: usize::MAX,
+            inner: None,
+        }
+    }
+
+    /// Wraps a backend's own event; `owner` is [`Backend::id`].
+    pub fn new<T: Any + Send + Sync>(owner: usize, inner: T) -> Self {
+        Self {
+            owner,
+            inner: Some(Arc::new(inner)),
+        }
+    }
+
+    /// Whether this event was reached when it was made (no backend event behind it).
+    pub fn is_reached(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    /// The backend's event, if backend `owner` made it.
+    pub fn downcast<T: Any>(&self, owner: usize) -> Option<&T> {
+        (self.owner == owner)
+            .then(|| self.inner.as_deref().and_then(|e| e.downcast_ref::<T>()))
+            .flatten()
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.is_reached() {
+            "Event(reached)"
+        } else {
+            "Event(device)"
+        })
+    }
+}
+
 /// One reading of a device's clock ([`Backend::timestamp`]): the slot the device writes it to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timestamp(pub u32);
@@ -650,6 +700,32 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Waits until every enqueued op has finished.
     fn synchronize(&self) -> Result<()>;
+
+    /// Marks the point after every op enqueued so far and returns without waiting (CUDA: an
+    /// event recorded on the compute stream). The default, [`Event::reached`], is right for a
+    /// backend with one queue whose work is already ordered, or whose ops finish as they return.
+    fn record_event(&self) -> Result<Event> {
+        Ok(Event::reached())
+    }
+
+    /// Makes every op enqueued after this call wait, on the device, for `event` — which may
+    /// mark work of another stream (a collective's): the host does not wait. Storages that
+    /// work touches must stay alive until this call. The default does nothing, which is right
+    /// where all work runs in one queue.
+    fn wait_event(&self, event: &Event) -> Result<()> {
+        let _ = event;
+        Ok(())
+    }
+
+    /// Like [`download_async`](Self::download_async), but ordered after `after` only, not after
+    /// every op enqueued so far (CUDA: on a copy stream that waits for the event), so a
+    /// gradient can travel to the host while the rest of the backward pass runs. The caller
+    /// guarantees no op after `after` writes the view before the download is waited for. The
+    /// default downloads after everything, which is correct, only later.
+    fn download_after(&self, x: View<'_>, after: &Event) -> Result<Download> {
+        let _ = after;
+        self.download_async(x)
+    }
 
     /// Enqueues a reading of the device's clock, taken when every op enqueued before it has
     /// finished (a CUDA event, a Vulkan timestamp query), and returns without waiting. `None`

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::{Backend, Op, Timestamp};
+use crate::backend::{Backend, Event, Op, Timestamp};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 
@@ -45,6 +45,16 @@ impl Device {
     /// Waits for all enqueued work.
     pub fn synchronize(&self) -> Result<()> {
         self.0.synchronize()
+    }
+
+    /// The point after every op enqueued so far ([`Backend::record_event`]); no waiting.
+    pub fn record_event(&self) -> Result<Event> {
+        self.0.record_event()
+    }
+
+    /// Ops enqueued from now on wait on the device for `event` ([`Backend::wait_event`]).
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.0.wait_event(event)
     }
 
     /// Enqueues a reading of the device clock after the work enqueued so far

@@ -10,10 +10,12 @@
 //! * [`broken`] — a deliberately broken backend, to show the suite can fail.
 //! * [`training`] — a tiny CNN and one AMP training step of it, for comparing backends.
 //! * [`timing`] — the device-clock contract (timestamps in queue order around the work).
+//! * [`events`] — the event contract (downloads ordered after an event, not after everything).
 
 pub mod broken;
 pub mod case;
 pub mod conformance;
+pub mod events;
 pub mod gradcheck;
 pub mod strategies;
 pub mod timing;

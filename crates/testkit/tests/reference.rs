@@ -306,3 +306,8 @@ fn cross_entropy_in_one_op_equals_its_composition_and_refuses_a_bad_target() {
         "{err}"
     );
 }
+
+#[test]
+fn downloads_ordered_after_an_event_see_the_work_before_it() {
+    redline_testkit::events::check_events(&Device::reference()).unwrap();
+}

@@ -95,6 +95,17 @@ fn timestamps_are_taken_in_queue_order_and_bracket_the_work_between_them() {
 
 #[test]
 #[ignore = "hardware suite: cargo xtask test runs it"]
+fn downloads_ordered_after_an_event_see_the_work_before_it() {
+    let Some((device, adapter)) = device() else {
+        return;
+    };
+    if let Err(e) = redline_testkit::events::check_events(&device) {
+        panic!("{adapter:?}: {e}");
+    }
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
 fn the_phase_clock_times_device_phases_from_timestamps() {
     use redline_train::{Phase, PhaseClock};
     let Some((device, _)) = device() else { return };

@@ -7,7 +7,8 @@
 //! 1. `device` — the GPU (name, UUID, architecture, memory), the driver (file, version), where
 //!    the kernels come from (the pack's CUBINs, or NVRTC);
 //! 2. `conformance` — the conformance suite on CUDA over the declared matrix; it fails if any
-//!    declared (op, dtype) pair ran no case;
+//!    declared (op, dtype) pair ran no case; then the event contract (downloads on the copy
+//!    stream after an event);
 //! 3. `amp` — the AMP training step next to the CPU backend, and the overflow skip;
 //! 4. `own-kernels` — matmul and the convolutions again on our own kernels instead of cuBLASLt
 //!    and cuDNN (both paths must be right), and cuDNN's deterministic mode giving the same bits
@@ -178,7 +179,10 @@ pub fn run(options: &Options) -> bool {
         journal.stage(name, seconds, &result);
     };
     stage(&mut journal, 2, "conformance", &mut || {
-        conformance(&device, options.cases, &Op::all())
+        let mut report = conformance(&device, options.cases, &Op::all())?;
+        redline_testkit::events::check_events(&device)?;
+        report["events"] = json!("downloads ordered after an event (copy stream): right");
+        Ok(report)
     });
     stage(&mut journal, 3, "amp", &mut || {
         let cpu = redline_cpu::CpuBackend::device();
