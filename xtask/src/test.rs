@@ -69,6 +69,13 @@ const HARDWARE_SUITES: &[HardwareSuite] = &[
         },
     },
     HardwareSuite {
+        name: "nccl",
+        kind: SuiteKind::Built {
+            test: "nccl",
+            install: "pip install nvidia-nccl-cu13 (PyTorch's wheel pulls it in)",
+        },
+    },
+    HardwareSuite {
         name: "cuda",
         kind: SuiteKind::Missing(
             "the CUDA device suite is the GPU check pack: `cargo xtask gpu-check --pack DIR`, then DIR/run.sh on a machine with an NVIDIA GPU (the kernels run on the host emulator in `cargo test`)",

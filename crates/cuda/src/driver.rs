@@ -556,6 +556,17 @@ impl Gpu for CudaDriver {
         }))
     }
 
+    fn nccl(
+        &self,
+        id: &crate::nccl::UniqueId,
+        rank: usize,
+        world: usize,
+        timeout: std::time::Duration,
+    ) -> Result<crate::nccl::Communicator> {
+        crate::nccl::Communicator::new(&self.ctx, id, rank, world, timeout)
+            .map_err(|e| self.error("NCCL", e))
+    }
+
     fn record_clock(&self, slot: usize) -> Result<bool> {
         self.bind()?;
         let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());

@@ -98,6 +98,22 @@ pub trait Gpu: Send + Sync + fmt::Debug {
         self.download_async(src, len)
     }
 
+    /// This device's member, `rank` of `world`, of the NCCL group `id` names, with a stream of
+    /// its own; collectives unfinished after `timeout` abort it. The emulator has no NCCL.
+    fn nccl(
+        &self,
+        id: &crate::nccl::UniqueId,
+        rank: usize,
+        world: usize,
+        timeout: std::time::Duration,
+    ) -> Result<crate::nccl::Communicator> {
+        let _ = (id, rank, world, timeout);
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "NCCL runs on CUDA devices only; this is not one".into(),
+        })
+    }
+
     /// Records the device's clock into timestamp slot `slot` (below [`TIMESTAMP_SLOTS`]) once
     /// every launch enqueued before has finished. `Ok(false)`: this GPU has no clock.
     ///

@@ -28,6 +28,7 @@ pub mod kernels;
 pub mod libs;
 pub mod matrix;
 pub mod memory;
+pub mod nccl;
 pub mod nvrtc;
 pub mod nvtx;
 mod ops;
@@ -52,6 +53,13 @@ pub use redline_tensor::MemoryStats;
 use ops::elementwise::{self, Operand};
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// The device memory behind `t` when a CUDA backend holds it (what a collective reads and
+/// writes in place, and the way to its [`Gpu`]); `None` on other devices. The [`Backend`]
+/// trait has no downcast: a storage knows its pool, and the pool its GPU.
+pub fn cuda_buffer(t: &redline_tensor::Tensor) -> Option<&Buffer> {
+    t.storage().downcast::<Buffer>(t.device().backend().id())
+}
 
 /// The CUDA backend over one [`Gpu`].
 pub struct CudaBackend {

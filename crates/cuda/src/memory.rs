@@ -60,6 +60,11 @@ impl MemoryPool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The GPU this pool allocates from.
+    pub fn gpu(&self) -> &Arc<dyn Gpu> {
+        &self.gpu
+    }
+
     pub fn stats(&self) -> MemoryStats {
         self.state().stats
     }
@@ -163,6 +168,13 @@ impl Buffer {
             class,
             pool: pool.clone(),
         })
+    }
+}
+
+impl Buffer {
+    /// The GPU that holds this memory.
+    pub fn gpu(&self) -> &Arc<dyn Gpu> {
+        self.pool.gpu()
     }
 }
 

@@ -6,8 +6,9 @@
 //! * [`StoreClient`] / [`StoreServer`] — PyTorch's TCPStore protocol: the key-value store ranks
 //!   meet in. A client of torchrun's own store, or served by rank 0 without it.
 //! * [`Collective`] — all-reduce, broadcast and barrier over tensors; [`TcpCollective`] is the
-//!   CPU implementation (TCP, a star around rank 0, for tests and CPU training), NCCL the one
-//!   for CUDA devices.
+//!   CPU implementation (TCP, a star around rank 0, for tests and CPU training),
+//!   [`NcclCollective`] the one for CUDA devices (NCCL on a stream of its own, ordered by
+//!   events; the `nccl` feature, on by default).
 //! * [`DataParallel`] — gradients averaged in buckets as soon as backward completes them, on a
 //!   communication thread, overlapping the rest of backward (PyTorch DDP's reducer).
 //! * [`SyncBatchStats`] — synchronised batch norm: statistics over every rank's batch.
@@ -19,6 +20,8 @@ mod collective;
 mod data_parallel;
 mod env;
 mod error;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod rendezvous;
 mod store;
 mod sync_batch_norm;
@@ -28,7 +31,9 @@ pub use collective::{Collective, Reduce, SingleProcess};
 pub use data_parallel::{buckets, BucketLaunch, DataParallel, DEFAULT_BUCKET_BYTES};
 pub use env::Launch;
 pub use error::{DistError, Result};
-pub use rendezvous::{connect, timeout_from_env, DEFAULT_TIMEOUT};
+#[cfg(feature = "nccl")]
+pub use nccl::NcclCollective;
+pub use rendezvous::{connect, connect_device, timeout_from_env, DEFAULT_TIMEOUT};
 pub use store::{Store, StoreClient, StoreServer};
 pub use sync_batch_norm::SyncBatchStats;
 pub use tcp::TcpCollective;

@@ -51,3 +51,23 @@ pub fn connect(launch: &Launch, timeout: Duration) -> Result<Arc<dyn Collective>
         TcpCollective::connect(&mut store, &prefix, launch.rank, launch.world, timeout)?;
     Ok(Arc::new(collective.keeping(server)))
 }
+
+/// The collective for training on `device`: NCCL over the CPU collective's rendezvous when it
+/// is a CUDA device (and the `nccl` feature is on), the CPU collective otherwise;
+/// [`SingleProcess`] for a world of one.
+pub fn connect_device(
+    launch: &Launch,
+    device: &redline_tensor::Device,
+    timeout: Duration,
+) -> Result<Arc<dyn Collective>> {
+    let host = connect(launch, timeout)?;
+    if launch.world == 1 || !device.name().starts_with("cuda:") {
+        return Ok(host);
+    }
+    #[cfg(feature = "nccl")]
+    return Ok(Arc::new(crate::nccl::NcclCollective::new(
+        host, device, timeout,
+    )?));
+    #[cfg(not(feature = "nccl"))]
+    Ok(host)
+}

@@ -15,7 +15,11 @@
 //!    twice;
 //! 5. `wgpu` — the wgpu conformance suite on the NVIDIA Vulkan adapter (vendor 0x10DE; a
 //!    software adapter does not count), where the machine offers one; else skipped, saying why;
-//! 6. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
+//! 6. `nccl` — NCCL's library (file, version), a one-rank communicator's all-reduce (sum,
+//!    average, max in f32, bf16 and f16), broadcast and an all-reduce ordered by events while
+//!    the compute stream works, then a bucketed ResNet-18 backward under NCCL against a plain
+//!    one. One rank proves the plumbing, not scaling (NCCL refuses two ranks on one GPU);
+//! 7. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
 //!    breakdown, the host copies and synchronisations of a steady-state step, memory.
 //!
 //! Without a GPU it says why in the JSON and exits non-zero, without a panic.
@@ -127,7 +131,7 @@ pub fn run(options: &Options) -> bool {
     let mut journal = Journal::new(&options.json);
     journal.flush();
     let started = Instant::now();
-    eprintln!("gpu-check: stage 1/6: device");
+    eprintln!("gpu-check: stage 1/7: device");
     let opened = if options.emulate {
         CudaBackend::emulated()
             .map(|b| {
@@ -167,7 +171,7 @@ pub fn run(options: &Options) -> bool {
                      n: usize,
                      name: &str,
                      f: &mut dyn FnMut() -> Result<Value, String>| {
-        eprintln!("gpu-check: stage {n}/6: {name}");
+        eprintln!("gpu-check: stage {n}/7: {name}");
         let t = Instant::now();
         let result = f();
         let seconds = t.elapsed().as_secs_f64();
@@ -193,8 +197,11 @@ pub fn run(options: &Options) -> bool {
     stage(&mut journal, 5, "wgpu", &mut || {
         wgpu_on_nvidia(options.cases)
     });
+    stage(&mut journal, 6, "nccl", &mut || {
+        nccl(&device, options.emulate)
+    });
     if options.steps > 0 {
-        stage(&mut journal, 6, "training", &mut || {
+        stage(&mut journal, 7, "training", &mut || {
             training(&backend, &device, options)
         });
     }
@@ -360,6 +367,135 @@ fn weight_grad_bits(backend: &CudaBackend, small: bool) -> Result<Vec<u8>, Strin
             layout: &dw_layout,
         })
         .map_err(err)
+}
+
+/// Stage 6: NCCL with one rank on this GPU (see the module docs); skipped on the emulator.
+fn nccl(device: &Device, emulate: bool) -> Result<Value, String> {
+    use redline_dist::{Collective, DataParallel, NcclCollective, Reduce, SingleProcess};
+    use redline_nn::{named_parameters, state_dict, Kind, Module, ResNet, ResNetConfig};
+    use redline_tensor::Tensor;
+    if emulate {
+        return Ok(json!({"skipped": "the host emulator has no NCCL (this stage needs a GPU)"}));
+    }
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let library = redline_cuda::nccl::library()?;
+    let group = NcclCollective::new(
+        Arc::new(SingleProcess),
+        device,
+        std::time::Duration::from_secs(60),
+    )
+    .map_err(|e| err(&e))?;
+    // An odd length (no vector width divides it) of values exact in every dtype below.
+    let values: Vec<f32> = (0..1_000_003)
+        .map(|i| (i % 97) as f32 * 0.25 - 12.0)
+        .collect();
+    let mut checked = Vec::new();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let x = Tensor::from_slice(&values, &[values.len()], device)
+            .and_then(|t| t.cast(dtype))
+            .map_err(|e| err(&e))?;
+        for op in [Reduce::Sum, Reduce::Avg, Reduce::Max] {
+            group
+                .all_reduce(std::slice::from_ref(&x), op)
+                .map_err(|e| err(&e))?;
+            if x.to_vec::<f32>().map_err(|e| err(&e))? != values {
+                return Err(format!(
+                    "one-rank {op:?} all-reduce of {dtype} changed the values"
+                ));
+            }
+            checked.push(format!("all-reduce {op:?} {dtype}"));
+        }
+    }
+    let x = Tensor::from_slice(&values, &[values.len()], device).map_err(|e| err(&e))?;
+    group
+        .broadcast(std::slice::from_ref(&x), 0)
+        .map_err(|e| err(&e))?;
+    if x.to_vec::<f32>().map_err(|e| err(&e))? != values {
+        return Err("one-rank broadcast changed the values".into());
+    }
+    // Ordered by events: NCCL's stream waits for `doubled`, the compute stream goes on with a
+    // matmul, then waits for NCCL before reading.
+    let doubled = x.mul_scalar(2.0).map_err(|e| err(&e))?;
+    let ready = device.record_event().map_err(|e| err(&e))?;
+    let done = group
+        .all_reduce_after(std::slice::from_ref(&doubled), Reduce::Sum, &ready)
+        .map_err(|e| err(&e))?;
+    let m = Tensor::from_slice(&values[..512 * 512], &[512, 512], device).map_err(|e| err(&e))?;
+    let busy = m.matmul(&m).map_err(|e| err(&e))?;
+    device.wait_event(&done).map_err(|e| err(&e))?;
+    let got = doubled.to_vec::<f32>().map_err(|e| err(&e))?;
+    if got.iter().zip(&values).any(|(g, v)| *g != v * 2.0) {
+        return Err("an all-reduce ordered after an event read or wrote the wrong values".into());
+    }
+    drop(busy);
+    // The bucketed backward under NCCL (1 MiB buckets) against a plain backward.
+    let mut config = ResNetConfig::named("resnet18").map_err(|e| err(&e))?;
+    config.num_classes = 10;
+    let model = ResNet::new(config, device).map_err(|e| err(&e))?;
+    let pixels: Vec<f32> = (0..4 * 3 * 32 * 32)
+        .map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5)
+        .collect();
+    let input = Tensor::from_slice(&pixels, &[4, 3, 32, 32], device).map_err(|e| err(&e))?;
+    let step = || -> Result<Vec<Vec<f32>>, String> {
+        let logits = model.forward(&input).map_err(|e| err(&e))?;
+        let loss = logits.mul(&logits).and_then(|l| l.sum(&[], false));
+        loss.and_then(|l| l.backward()).map_err(|e| err(&e))?;
+        named_parameters(&model)
+            .iter()
+            .map(|(name, p)| {
+                let g = p.grad().ok_or_else(|| format!("{name} got no gradient"))?;
+                p.zero_grad();
+                g.to_vec::<f32>().map_err(|e| err(&e))
+            })
+            .collect()
+    };
+    let plain = step()?;
+    let buffers: Vec<Tensor> = state_dict(&model)
+        .into_iter()
+        .filter(|(_, _, kind)| *kind == Kind::Buffer)
+        .map(|(_, t, _)| t)
+        .collect();
+    let dp = DataParallel::new(Arc::new(group), named_parameters(&model), &buffers, 1 << 20)
+        .map_err(|e| err(&e))?;
+    let bucketed = {
+        let logits = model.forward(&input).map_err(|e| err(&e))?;
+        let loss = logits.mul(&logits).and_then(|l| l.sum(&[], false));
+        loss.and_then(|l| l.backward()).map_err(|e| err(&e))?;
+        dp.synchronize().map_err(|e| err(&e))?;
+        named_parameters(&model)
+            .iter()
+            .map(|(_, p)| p.grad().map(|g| g.to_vec::<f32>()))
+            .collect::<Option<Result<Vec<_>, _>>>()
+            .ok_or("a parameter got no gradient under NCCL")?
+            .map_err(|e| err(&e))?
+    };
+    let (mut worst, mut largest) = (0f32, 0f32);
+    for (a, b) in plain.iter().zip(&bucketed) {
+        for (x, y) in a.iter().zip(b) {
+            worst = worst.max((x - y).abs());
+            largest = largest.max(x.abs());
+        }
+    }
+    let relative = worst / largest.max(f32::MIN_POSITIVE);
+    // cuDNN may pick non-deterministic weight-gradient algorithms: equal to rounding.
+    if relative.is_nan() || relative > 1e-4 {
+        return Err(format!(
+            "bucketed gradients under NCCL differ from a plain backward by {relative:e} \
+             (relative to the largest gradient)"
+        ));
+    }
+    let launches = dp.last_launches();
+    Ok(json!({
+        "library": {"path": library.path.display().to_string(), "version": library.version},
+        "one_rank": checked,
+        "ordered_by_events": "right",
+        "bucketed_step": {
+            "model": "resnet18", "buckets": dp.buckets().len(),
+            "overlapped_buckets": launches.iter().filter(|l| l.grads_pending > 0).count(),
+            "max_difference_relative": relative,
+        },
+        "note": "one rank proves the plumbing, not scaling",
+    }))
 }
 
 fn conformance(device: &Device, cases: u32, ops: &[Op]) -> Result<Value, String> {
@@ -559,7 +695,14 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["device", "conformance", "amp", "own-kernels", "wgpu"]
+            [
+                "device",
+                "conformance",
+                "amp",
+                "own-kernels",
+                "wgpu",
+                "nccl"
+            ]
         );
         // This machine's Vulkan adapter (if any) is software: the stage says why it skipped.
         assert!(doc["stages"][4]["detail"]["skipped"]

@@ -190,15 +190,18 @@ fn run() -> Res<()> {
     };
     let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), recipe, device.clone())?;
     if world > 1 {
-        let collective = redline_dist::connect(&launch, redline_dist::timeout_from_env()?)?;
+        let collective =
+            redline_dist::connect_device(&launch, &device, redline_dist::timeout_from_env()?)?;
         trainer = trainer.with_data_parallel(collective, DEFAULT_BUCKET_BYTES)?;
         if cli.sync_bn {
             trainer = trainer.with_sync_batch_norm()?;
         }
         if lead {
-            eprintln!(
-                "redline-train: rank 0 of {world} (data parallel over TCP, batch {batch} per rank)"
-            );
+            let over = match device.name().starts_with("cuda:") {
+                true => redline_dist::NcclCollective::describe(),
+                false => "the CPU collective (TCP)".to_string(),
+            };
+            eprintln!("redline-train: rank 0 of {world} (data parallel over {over}, batch {batch} per rank)");
         }
     }
     if let Some(ckpt) = &cli.resume {
