@@ -533,3 +533,19 @@ fn results_are_bitwise_reproducible() {
             .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }
+
+/// The CPU runs ops as they come: there is nothing to capture, and asking says so.
+#[test]
+fn a_capture_is_refused_by_name_and_the_device_goes_on() {
+    let device = CpuBackend::device();
+    let x = redline_tensor::Tensor::from_slice(&[1.0f32, 2.0], &[2], &device).unwrap();
+    let error = device
+        .capture(|| x.mul_scalar(2.0))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("cannot capture graphs"), "{error}");
+    assert_eq!(
+        x.mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap(),
+        [2.0, 4.0]
+    );
+}

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
@@ -25,7 +26,7 @@ use crate::convolution::ConvPlan;
 use crate::cublaslt::{self, CublasLt};
 use crate::cudnn::Cudnn;
 use crate::gemm::GemmPlan;
-use crate::gpu::{DevicePtr, Gpu, GpuEvent, KernelArgs, LaunchShape, Library};
+use crate::gpu::{Captured, CudaGraph, DevicePtr, Gpu, GpuEvent, KernelArgs, LaunchShape, Library};
 use crate::kernels;
 use crate::libs::{self, LibError};
 use crate::nvrtc::Nvrtc;
@@ -166,6 +167,8 @@ pub struct CudaDriver {
     stream: Arc<CudaStream>,
     /// Transfers ordered by events instead of behind every launch (created on first use).
     copy_stream: OnceLock<Arc<CudaStream>>,
+    /// Whether the stream is being captured into a graph.
+    capturing: AtomicBool,
     info: DeviceInfo,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     nvrtc: OnceLock<Result<Nvrtc, String>>,
@@ -241,6 +244,7 @@ impl CudaDriver {
             ctx,
             stream,
             copy_stream: OnceLock::new(),
+            capturing: AtomicBool::new(false),
             info,
             modules: Mutex::new(HashMap::new()),
             nvrtc: OnceLock::new(),
@@ -266,6 +270,19 @@ impl CudaDriver {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.error("binding the context", e))
+    }
+
+    /// Refuses `what` while the stream is captured (a graph cannot hold it; the driver would
+    /// invalidate the capture).
+    fn not_capturing(&self, what: &str) -> Result<()> {
+        match self.capturing.load(Ordering::Acquire) {
+            true => Err(self.error(
+                &format!("{what} inside a graph capture"),
+                "a graph replays device work only (copy inputs in before a replay, read results \
+                 after it)",
+            )),
+            false => Ok(()),
+        }
     }
 
     /// The copy stream, created on first use.
@@ -373,6 +390,14 @@ impl Gpu for CudaDriver {
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.bind()?;
+        if self.capturing.load(Ordering::Acquire) {
+            // Not stream-ordered while capturing: an allocation node would tie the block to
+            // the graph's launches; the caching allocator gives it to the graph instead.
+            // SAFETY: a plain device allocation (allowed in relaxed capture mode).
+            return unsafe { result::malloc_sync(bytes.max(1)) }
+                .map(DevicePtr)
+                .map_err(|e| self.error(&format!("allocating {bytes} bytes"), e));
+        }
         // SAFETY: stream-ordered allocation on this context's stream.
         unsafe { result::malloc_async(self.stream.cu_stream(), bytes.max(1)) }
             .map(DevicePtr)
@@ -388,6 +413,7 @@ impl Gpu for CudaDriver {
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> Result<()> {
         self.bind()?;
+        self.not_capturing("a copy from host memory")?;
         // SAFETY: `dst` holds at least `bytes.len()` bytes. A copy from pageable memory returns
         // once the bytes are staged, so the caller may reuse them afterwards.
         unsafe { result::memcpy_htod_async(dst.0, bytes, self.stream.cu_stream()) }
@@ -396,6 +422,7 @@ impl Gpu for CudaDriver {
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
         self.bind()?;
+        self.not_capturing("a download")?;
         // SAFETY: `src` holds at least `out.len()` bytes; `out` outlives the synchronize below.
         unsafe { result::memcpy_dtoh_async(out, src.0, self.stream.cu_stream()) }
             .map_err(|e| self.error("download", e))?;
@@ -488,6 +515,7 @@ impl Gpu for CudaDriver {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.not_capturing("a synchronize")?;
         self.stream
             .synchronize()
             .map_err(|e| self.error("synchronize", e))?;
@@ -496,6 +524,7 @@ impl Gpu for CudaDriver {
     }
 
     fn upload_owned(&self, dst: DevicePtr, bytes: HostBytes) -> Result<()> {
+        self.not_capturing("a copy from host memory")?;
         let pinned = matches!(&bytes, HostBytes::Pooled(buffer, _) if buffer.is_pinned());
         if !pinned {
             // From pageable memory the copy returns once the bytes are staged.
@@ -513,6 +542,7 @@ impl Gpu for CudaDriver {
 
     fn download_async(&self, src: DevicePtr, len: usize) -> Result<Download> {
         self.bind()?;
+        self.not_capturing("a download")?;
         let name = self.name();
         let finish = self
             .staging
@@ -521,6 +551,53 @@ impl Gpu for CudaDriver {
         Ok(Download::pending(move || {
             finish().map_err(|what| TensorError::Backend { device: name, what })
         }))
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        if self.capturing.swap(true, Ordering::AcqRel) {
+            return Err(self.error("begin_capture", "a capture is already running"));
+        }
+        // Relaxed: other threads may allocate (cuMemAlloc) meanwhile, as the caching allocator
+        // does for the graph.
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        self.stream.begin_capture(mode).map_err(|e| {
+            self.capturing.store(false, Ordering::Release);
+            self.error("beginning a capture", e)
+        })
+    }
+
+    fn end_capture(&self) -> Result<Captured> {
+        if !self.capturing.swap(false, Ordering::AcqRel) {
+            return Err(self.error("end_capture", "no capture to end"));
+        }
+        let flags = sys::CUgraphInstantiate_flags(0);
+        let graph = self
+            .stream
+            .end_capture(flags)
+            .map_err(|e| self.error("ending the capture", e))?
+            .ok_or_else(|| self.error("ending the capture", "nothing was captured"))?;
+        let mut nodes = 0usize;
+        // SAFETY: the graph is alive; with a null array the call only counts the nodes.
+        unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }
+            .result()
+            .map_err(|e| self.error("counting the graph's nodes", e))?;
+        Ok(Captured::Graph {
+            exec: CudaGraph(Mutex::new(graph)),
+            nodes,
+        })
+    }
+
+    fn replay(&self, captured: &Captured) -> Result<()> {
+        self.not_capturing("a replay")?;
+        match captured {
+            Captured::Graph { exec, .. } => exec
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .launch()
+                .map_err(|e| self.error("launching the graph", e)),
+            Captured::Launches(_) => Err(self.error("replay", "the emulator's recording")),
+        }
     }
 
     fn record_event(&self) -> Result<Option<GpuEvent>> {
@@ -542,6 +619,7 @@ impl Gpu for CudaDriver {
 
     fn download_after(&self, src: DevicePtr, len: usize, after: &GpuEvent) -> Result<Download> {
         self.bind()?;
+        self.not_capturing("a download")?;
         let copies = self.copy_stream()?;
         copies
             .wait(after)
@@ -569,6 +647,7 @@ impl Gpu for CudaDriver {
 
     fn record_clock(&self, slot: usize) -> Result<bool> {
         self.bind()?;
+        self.not_capturing("a timestamp")?;
         let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
         clock
             .record(&self.stream, slot)

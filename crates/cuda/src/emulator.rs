@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use redline_tensor::{Result, TensorError};
 
-use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape};
+use crate::gpu::{Captured, DevicePtr, Gpu, KernelArgs, LaunchShape};
 use crate::kernels::{self, Family};
 
 /// Guard bytes on each side of an allocation.
@@ -77,6 +77,8 @@ pub struct Emulator {
     /// recording time is the device's.
     clock: Mutex<Vec<Option<u64>>>,
     epoch: std::time::Instant,
+    /// The launches of the capture in progress: recorded, not run (as on a GPU).
+    capture: Mutex<Option<Vec<(String, LaunchShape, KernelArgs)>>>,
 }
 
 impl std::fmt::Debug for Emulator {
@@ -255,12 +257,75 @@ impl Emulator {
             launches: AtomicU64::new(0),
             clock: Mutex::new(vec![None; redline_tensor::TIMESTAMP_SLOTS as usize]),
             epoch: std::time::Instant::now(),
+            capture: Mutex::new(None),
         })
     }
 
     /// The shared library the kernels run from.
     pub fn library_path(&self) -> &Path {
         &self.path
+    }
+
+    /// Refuses `what` while a capture runs, as the driver does (a graph cannot hold it).
+    fn not_capturing(&self, what: &str) -> Result<()> {
+        match self
+            .capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            true => Err(error(format!(
+                "{what} inside a graph capture: a graph replays device work only (copy inputs \
+                 in before a replay, read results after it)"
+            ))),
+            false => Ok(()),
+        }
+    }
+
+    /// Runs one launch now.
+    fn execute(&self, kernel: &str, shape: LaunchShape, args: &KernelArgs) -> Result<()> {
+        let name = CString::new(kernel).map_err(|_| error("a kernel name with a NUL byte"))?;
+        let _serial = self.launching.lock().unwrap_or_else(|p| p.into_inner());
+        let reverse = self.launches.fetch_add(1, Ordering::Relaxed) % 2;
+        let mut pointers = args.pointers();
+        let sizes: Vec<c_ulong> = args.sizes().iter().map(|&n| n as c_ulong).collect();
+        let mut message = vec![0u8; 1024];
+        // SAFETY: the registry's launcher checks the parameters' count and sizes against the
+        // kernel's signature before reading `pointers` as its parameters; device pointers among
+        // them point into live allocations of this emulator.
+        let status = unsafe {
+            (self.launch)(
+                name.as_ptr(),
+                shape.grid.as_ptr(),
+                shape.block.as_ptr(),
+                pointers.as_mut_ptr(),
+                sizes.as_ptr(),
+                sizes.len() as c_uint,
+                reverse as c_int,
+                message.as_mut_ptr().cast(),
+                message.len() as c_ulong,
+            )
+        };
+        if status != 0 {
+            let end = message
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(message.len());
+            return Err(error(format!(
+                "kernel {kernel} with grid {:?} and block {:?}: {}",
+                shape.grid,
+                shape.block,
+                String::from_utf8_lossy(&message[..end])
+            )));
+        }
+        let allocations = self.allocations.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bad) = allocations.values().find(|a| !a.guards_intact()) {
+            return Err(error(format!(
+                "kernel {kernel} wrote outside an allocation of {} bytes (its guard bytes changed)",
+                bad.bytes
+            )));
+        }
+        Ok(())
     }
 
     fn with_allocation<R>(
@@ -316,6 +381,7 @@ impl Gpu for Emulator {
     }
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> Result<()> {
+        self.not_capturing("a copy from host memory")?;
         self.with_allocation(dst, bytes.len(), |p| {
             // SAFETY: [dst, dst + len) lies inside one live allocation (checked).
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) }
@@ -323,6 +389,7 @@ impl Gpu for Emulator {
     }
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
+        self.not_capturing("a download")?;
         self.with_allocation(src, out.len(), |p| {
             // SAFETY: [src, src + len) lies inside one live allocation (checked).
             unsafe { std::ptr::copy_nonoverlapping(p.cast_const(), out.as_mut_ptr(), out.len()) }
@@ -330,55 +397,53 @@ impl Gpu for Emulator {
     }
 
     fn launch(&self, kernel: &str, shape: LaunchShape, args: &KernelArgs) -> Result<()> {
-        let name = CString::new(kernel).map_err(|_| error("a kernel name with a NUL byte"))?;
-        let _serial = self.launching.lock().unwrap_or_else(|p| p.into_inner());
-        let reverse = self.launches.fetch_add(1, Ordering::Relaxed) % 2;
-        let mut pointers = args.pointers();
-        let sizes: Vec<c_ulong> = args.sizes().iter().map(|&n| n as c_ulong).collect();
-        let mut message = vec![0u8; 1024];
-        // SAFETY: the registry's launcher checks the parameters' count and sizes against the
-        // kernel's signature before reading `pointers` as its parameters; device pointers among
-        // them point into live allocations of this emulator.
-        let status = unsafe {
-            (self.launch)(
-                name.as_ptr(),
-                shape.grid.as_ptr(),
-                shape.block.as_ptr(),
-                pointers.as_mut_ptr(),
-                sizes.as_ptr(),
-                sizes.len() as c_uint,
-                reverse as c_int,
-                message.as_mut_ptr().cast(),
-                message.len() as c_ulong,
-            )
-        };
-        if status != 0 {
-            let end = message
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(message.len());
-            return Err(error(format!(
-                "kernel {kernel} with grid {:?} and block {:?}: {}",
-                shape.grid,
-                shape.block,
-                String::from_utf8_lossy(&message[..end])
-            )));
+        if let Some(recorded) = self
+            .capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            recorded.push((kernel.to_string(), shape, args.clone()));
+            return Ok(());
         }
-        let allocations = self.allocations.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(bad) = allocations.values().find(|a| !a.guards_intact()) {
-            return Err(error(format!(
-                "kernel {kernel} wrote outside an allocation of {} bytes (its guard bytes changed)",
-                bad.bytes
-            )));
-        }
-        Ok(())
+        self.execute(kernel, shape, args)
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.not_capturing("a synchronize")
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        let mut capture = self.capture.lock().unwrap_or_else(|p| p.into_inner());
+        if capture.is_some() {
+            return Err(error("a capture is already running"));
+        }
+        *capture = Some(Vec::new());
         Ok(())
     }
 
+    fn end_capture(&self) -> Result<Captured> {
+        (self
+            .capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take())
+        .map(Captured::Launches)
+        .ok_or_else(|| error("no capture to end"))
+    }
+
+    fn replay(&self, captured: &Captured) -> Result<()> {
+        self.not_capturing("a replay")?;
+        match captured {
+            Captured::Launches(launches) => launches
+                .iter()
+                .try_for_each(|(kernel, shape, args)| self.execute(kernel, *shape, args)),
+            Captured::Graph { .. } => Err(error("a CUDA graph cannot replay on the emulator")),
+        }
+    }
+
     fn record_clock(&self, slot: usize) -> Result<bool> {
+        self.not_capturing("a timestamp")?;
         let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
         let entry = clock
             .get_mut(slot)

@@ -114,6 +114,33 @@ pub trait Gpu: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Starts capturing: launches and library calls are recorded into a graph instead of
+    /// running, until [`Gpu::end_capture`]. While it runs, host copies, downloads, timestamps
+    /// and synchronizations are errors (a graph cannot hold them). `Err`: this GPU cannot.
+    fn begin_capture(&self) -> Result<()> {
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "this GPU cannot capture graphs".into(),
+        })
+    }
+
+    /// Ends the capture and returns what it recorded, ready to replay.
+    fn end_capture(&self) -> Result<Captured> {
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "no capture to end".into(),
+        })
+    }
+
+    /// Enqueues captured work again.
+    fn replay(&self, captured: &Captured) -> Result<()> {
+        let _ = captured;
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "this GPU cannot replay graphs".into(),
+        })
+    }
+
     /// Records the device's clock into timestamp slot `slot` (below [`TIMESTAMP_SLOTS`]) once
     /// every launch enqueued before has finished. `Ok(false)`: this GPU has no clock.
     ///
@@ -174,6 +201,36 @@ pub trait Gpu: Send + Sync + fmt::Debug {
         false
     }
 }
+
+/// Work a capture recorded: the emulator's launches (replayed one by one, on the host), or a
+/// CUDA graph instantiated for the device (replayed with one `cuGraphLaunch`).
+pub enum Captured {
+    Launches(Vec<(String, LaunchShape, KernelArgs)>),
+    Graph { exec: CudaGraph, nodes: usize },
+}
+
+impl Captured {
+    /// Operations per replay: kernels, library calls and copies.
+    pub fn nodes(&self) -> usize {
+        match self {
+            Captured::Launches(launches) => launches.len(),
+            Captured::Graph { nodes, .. } => *nodes,
+        }
+    }
+}
+
+impl fmt::Debug for Captured {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Captured({} nodes)", self.nodes())
+    }
+}
+
+/// cudarc's instantiated graph, launched by one thread at a time (behind a lock).
+pub struct CudaGraph(pub std::sync::Mutex<cudarc::driver::CudaGraph>);
+
+// SAFETY: a CUgraphExec may be launched from any thread; the lock makes launches one at a time.
+unsafe impl Send for CudaGraph {}
+unsafe impl Sync for CudaGraph {}
 
 /// A vendor library as a device uses it: loaded (file, version, the plans it refused so far,
 /// which run on our kernels) or why it is not used.

@@ -41,8 +41,8 @@ use std::sync::Arc;
 
 use redline_tensor::{
     stats_dtype, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams, DType, Download, Event,
-    HostBytes, Layout, Op, Pool2dParams, ReduceOp, Result, ScalerParams, SgdParams, Storage,
-    TensorError, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
+    Graph, HostBytes, Layout, Op, Pool2dParams, ReduceOp, Replay, Result, ScalerParams, SgdParams,
+    Storage, TensorError, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
 };
 
 pub use emulator::Emulator;
@@ -53,6 +53,24 @@ pub use redline_tensor::MemoryStats;
 use ops::elementwise::{self, Operand};
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// A captured graph on a [`Gpu`], keeping the memory its ops use from the cache while it lives.
+struct CudaReplay {
+    gpu: Arc<dyn Gpu>,
+    captured: gpu::Captured,
+    _memory: Option<memory::GraphMemory>,
+}
+
+impl Replay for CudaReplay {
+    fn replay(&self) -> Result<()> {
+        let _range = nvtx::range("graph replay");
+        self.gpu.replay(&self.captured)
+    }
+
+    fn nodes(&self) -> usize {
+        self.captured.nodes()
+    }
+}
 
 /// The device memory behind `t` when a CUDA backend holds it (what a collective reads and
 /// writes in place, and the way to its [`Gpu`]); `None` on other devices. The [`Backend`]
@@ -155,6 +173,11 @@ impl CudaBackend {
 
     pub fn gpu(&self) -> &Arc<dyn Gpu> {
         &self.gpu
+    }
+
+    /// The caching allocator (statistics, graph-owned memory).
+    pub fn memory(&self) -> &Arc<MemoryPool> {
+        &self.memory
     }
 
     fn buffer<'a>(&self, s: &'a Storage) -> Result<&'a Buffer> {
@@ -355,6 +378,23 @@ impl Backend for CudaBackend {
         self.transfers.downloads.fetch_add(1, Ordering::Relaxed);
         let (at, _gathered) = self.row_major(x)?;
         self.gpu.download_async(at, len)
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        self.memory.begin_capture()?;
+        self.gpu.begin_capture().inspect_err(|_| {
+            self.memory.end_capture();
+        })
+    }
+
+    fn end_capture(&self) -> Result<Graph> {
+        let captured = self.gpu.end_capture();
+        let memory = self.memory.end_capture();
+        Ok(Graph::new(CudaReplay {
+            gpu: self.gpu.clone(),
+            captured: captured?,
+            _memory: memory,
+        }))
     }
 
     fn record_event(&self) -> Result<Event> {

@@ -198,6 +198,41 @@ impl fmt::Debug for Event {
     }
 }
 
+/// Recorded device work replayed as a whole (a CUDA graph): one launch from the host instead of
+/// one per op, with every op's arguments — addresses and values — as they were at capture.
+pub trait Replay: Send + Sync {
+    /// Enqueues the recorded work again, ordered like an op.
+    fn replay(&self) -> Result<()>;
+    /// How many operations (kernels, library calls, copies) one replay runs.
+    fn nodes(&self) -> usize;
+}
+
+/// A captured graph ([`Backend::end_capture`]): replay it as often as wanted. It keeps the
+/// device memory its ops used for as long as it lives.
+pub struct Graph(Box<dyn Replay>);
+
+impl Graph {
+    pub fn new(replay: impl Replay + 'static) -> Self {
+        Self(Box::new(replay))
+    }
+
+    /// Enqueues the captured work again (no host work per op).
+    pub fn replay(&self) -> Result<()> {
+        self.0.replay()
+    }
+
+    /// Operations per replay.
+    pub fn nodes(&self) -> usize {
+        self.0.nodes()
+    }
+}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Graph({} nodes)", self.nodes())
+    }
+}
+
 /// One reading of a device's clock ([`Backend::timestamp`]): the slot the device writes it to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timestamp(pub u32);
@@ -715,6 +750,28 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn wait_event(&self, event: &Event) -> Result<()> {
         let _ = event;
         Ok(())
+    }
+
+    /// Starts recording instead of running: every op enqueued until
+    /// [`end_capture`](Self::end_capture) is captured into a graph (its outputs' memory comes
+    /// from, and stays with, the graph). What a capture cannot hold is refused while it runs —
+    /// a download, a synchronize, a copy from pageable host memory — so a step that would read
+    /// the device, or decide on the host, fails here instead of replaying wrong. The default:
+    /// this device cannot capture.
+    fn begin_capture(&self) -> Result<()> {
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "this device cannot capture graphs".into(),
+        })
+    }
+
+    /// Ends the capture [`begin_capture`](Self::begin_capture) started and returns the graph
+    /// (which has not run yet).
+    fn end_capture(&self) -> Result<Graph> {
+        Err(TensorError::Backend {
+            device: self.name(),
+            what: "no capture to end: this device cannot capture graphs".into(),
+        })
     }
 
     /// Like [`download_async`](Self::download_async), but ordered after `after` only, not after

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::{Backend, Event, Op, Timestamp};
+use crate::backend::{Backend, Event, Graph, Op, Timestamp};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 
@@ -55,6 +55,19 @@ impl Device {
     /// Ops enqueued from now on wait on the device for `event` ([`Backend::wait_event`]).
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         self.0.wait_event(event)
+    }
+
+    /// Runs `f` once with the device capturing instead of running ([`Backend::begin_capture`])
+    /// and returns the graph with `f`'s result; replaying the graph does what `f` enqueued,
+    /// again, with the same addresses and values. Capture ends however `f` ends; an error of
+    /// `f` (a refused download, say) discards it. Tensors `f` returns live in the graph's
+    /// memory: each replay rewrites them.
+    pub fn capture<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(Graph, T)> {
+        self.0.begin_capture()?;
+        let result = f();
+        let graph = self.0.end_capture();
+        let value = result?;
+        Ok((graph?, value))
     }
 
     /// Enqueues a reading of the device clock after the work enqueued so far

@@ -11,12 +11,14 @@
 //! * [`training`] — a tiny CNN and one AMP training step of it, for comparing backends.
 //! * [`timing`] — the device-clock contract (timestamps in queue order around the work).
 //! * [`events`] — the event contract (downloads ordered after an event, not after everything).
+//! * [`graphs`] — the capture contract (a captured training step replays like eager steps).
 
 pub mod broken;
 pub mod case;
 pub mod conformance;
 pub mod events;
 pub mod gradcheck;
+pub mod graphs;
 pub mod strategies;
 pub mod timing;
 pub mod training;

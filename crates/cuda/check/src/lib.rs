@@ -19,7 +19,10 @@
 //!    average, max in f32, bf16 and f16), broadcast and an all-reduce ordered by events while
 //!    the compute stream works, then a bucketed ResNet-18 backward under NCCL against a plain
 //!    one. One rank proves the plumbing, not scaling (NCCL refuses two ranks on one GPU);
-//! 7. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
+//! 7. `graph` — a small training step (forward, loss, backward, GradScaler, SGD) captured as
+//!    a CUDA graph and replayed 20 times against eager steps with new inputs between replays:
+//!    the same results, the graph's node count, and an eager step's time next to a replay's;
+//! 8. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
 //!    breakdown, the host copies and synchronisations of a steady-state step, memory.
 //!
 //! Without a GPU it says why in the JSON and exits non-zero, without a panic.
@@ -131,7 +134,7 @@ pub fn run(options: &Options) -> bool {
     let mut journal = Journal::new(&options.json);
     journal.flush();
     let started = Instant::now();
-    eprintln!("gpu-check: stage 1/7: device");
+    eprintln!("gpu-check: stage 1/8: device");
     let opened = if options.emulate {
         CudaBackend::emulated()
             .map(|b| {
@@ -171,7 +174,7 @@ pub fn run(options: &Options) -> bool {
                      n: usize,
                      name: &str,
                      f: &mut dyn FnMut() -> Result<Value, String>| {
-        eprintln!("gpu-check: stage {n}/7: {name}");
+        eprintln!("gpu-check: stage {n}/8: {name}");
         let t = Instant::now();
         let result = f();
         let seconds = t.elapsed().as_secs_f64();
@@ -200,8 +203,17 @@ pub fn run(options: &Options) -> bool {
     stage(&mut journal, 6, "nccl", &mut || {
         nccl(&device, options.emulate)
     });
+    stage(&mut journal, 7, "graph", &mut || {
+        // cuDNN may choose other algorithms under capture: equal to rounding, not bits.
+        let r = redline_testkit::graphs::check_captured_step(&device, 20, 1e-4)?;
+        Ok(json!({
+            "nodes": r.nodes, "eager_ms": r.eager_ms, "replay_ms": r.replay_ms,
+            "max_difference_relative": r.max_relative,
+            "model": "tiny CNN (conv, batch norm, ReLU, pool, linear), batch 2, SGD + GradScaler",
+        }))
+    });
     if options.steps > 0 {
-        stage(&mut journal, 7, "training", &mut || {
+        stage(&mut journal, 8, "training", &mut || {
             training(&backend, &device, options)
         });
     }
@@ -701,7 +713,8 @@ mod tests {
                 "amp",
                 "own-kernels",
                 "wgpu",
-                "nccl"
+                "nccl",
+                "graph"
             ]
         );
         // This machine's Vulkan adapter (if any) is software: the stage says why it skipped.
