@@ -69,6 +69,10 @@ pub struct ImagenetArgs {
     /// each op: exact on the CPU backend, only the enqueue on an asynchronous device).
     #[arg(long)]
     profile_ops: bool,
+    /// Replay the training step as a captured graph after the warm-up (CUDA graphs; elsewhere
+    /// the steps run eagerly and the report says why).
+    #[arg(long)]
+    graph: bool,
 }
 
 pub fn run(args: ImagenetArgs) -> Result<()> {
@@ -120,6 +124,9 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         }
         if args.profile_ops {
             cmd.arg("--profile-ops");
+        }
+        if args.graph {
+            cmd.arg("--graph");
         }
         cmd
     };

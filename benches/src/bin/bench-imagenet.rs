@@ -1,5 +1,5 @@
 //! `bench-imagenet --shards DIR --out PATH [--model resnet18|34|50] [--res R] [--batch B]
-//! [--precision fp32|fp16|bf16] [--device NAME] [--steps N] [--seconds S] [--warmup W]
+//! [--precision fp32|fp16|bf16] [--device NAME] [--steps N] [--seconds S] [--warmup W] [--graph]
 //! [--workers N] [--svg PATH] [--trace PATH] [--folder DIR]`: ResNet training throughput end to
 //! end — the loader on real JPEG shards, the input op, forward, backward and AdamW — with each
 //! step split into its phases. `cargo xtask bench imagenet` drives it.
@@ -66,6 +66,11 @@ struct Cli {
     /// report still counts ops and host time by kind of op.
     #[arg(long)]
     profile_ops: bool,
+    /// Replay the training step as a captured graph after the warm-up (a CUDA graph: one
+    /// launch per step). Where the device cannot capture, steps run eagerly and the report's
+    /// `graph` says why.
+    #[arg(long)]
+    graph: bool,
     /// Also write the img/s and phase charts as SVG here.
     #[arg(long)]
     svg: Option<PathBuf>,
@@ -120,6 +125,11 @@ fn run() -> Res<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = cli.workers.unwrap_or(cores);
     let (warmup, max_steps, seconds) = (cli.warmup, cli.steps, cli.seconds as f64);
+    // Under --graph the capture happens in the warm-up, not in the measured steps.
+    let warmup = match cli.graph {
+        true => warmup.max(redline_train::GRAPH_WARMUP_STEPS + 1),
+        false => warmup,
+    };
 
     let set = Arc::new(
         ShardSet::open(&cli.shards).map_err(|e| format!("{}: {e}", cli.shards.display()))?,
@@ -144,6 +154,9 @@ fn run() -> Res<()> {
     };
     let num_params = redline_nn::num_parameters(&model);
     let mut trainer = Trainer::new(Box::new(model), Box::new(adamw), config, device.clone())?;
+    if cli.graph {
+        trainer = trainer.with_graph();
+    }
     let loader_config = Config {
         workers,
         // Pinned batch buffers where the device has them (CUDA): uploads without staging.
@@ -245,6 +258,7 @@ fn run() -> Res<()> {
         "stream_gb_per_s": stream_gb_per_s,
         "device_memory": device_memory,
         "ops": ops.to_json(),
+        "graph": graph_json(trainer.graph_stats()),
     });
     for (k, v) in extra.as_object().into_iter().flatten() {
         report[k] = v.clone();
@@ -301,4 +315,19 @@ fn peak_rss() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// The report's `graph`: whether the measured steps replayed a captured graph, its size, and
+/// the eager steps with their reason (the eager fallback, reported as such).
+fn graph_json(stats: &redline_train::GraphStats) -> serde_json::Value {
+    json!({
+        "requested": stats.requested,
+        "active": stats.replays > 0,
+        "nodes": stats.nodes,
+        "replays": stats.replays,
+        "eager_steps_after_warmup": stats.eager_steps,
+        "eager_reason": stats.eager_reason,
+        "phases": "under a graph the forward phase holds the whole replayed step (forward, \
+                   backward, optimizer)",
+    })
 }

@@ -33,6 +33,11 @@ pub trait Module: Send + Sync {
     /// Containers pass it to their children, as they do `set_training`.
     fn sync_batch_norm(&self, _sync: Option<&Arc<dyn BatchStatsSync>>) {}
 
+    /// A captured training step was replayed: count the batch where the module counts batches
+    /// on the host (batch norm's `num_batches_tracked`), as `forward` would have. Containers
+    /// pass it to their children.
+    fn batch_replayed(&self) {}
+
     /// Called after new values were written into the named tensors (a checkpoint or state
     /// dict was loaded): refreshes whatever the module mirrors on the host.
     fn state_loaded(&self) -> Result<()> {

@@ -145,6 +145,15 @@ impl Module for Block {
         }
     }
 
+    fn batch_replayed(&self) {
+        for (_, bn) in &self.convs {
+            bn.batch_replayed();
+        }
+        if let Some(d) = &self.downsample {
+            d.batch_replayed();
+        }
+    }
+
     fn state_loaded(&self) -> Result<()> {
         for (_, bn) in &self.convs {
             bn.state_loaded()?;
@@ -266,6 +275,13 @@ impl Module for ResNet {
         self.stem.sync_batch_norm(sync);
         for stage in &self.stages {
             stage.sync_batch_norm(sync);
+        }
+    }
+
+    fn batch_replayed(&self) {
+        self.stem.batch_replayed();
+        for stage in &self.stages {
+            stage.batch_replayed();
         }
     }
 

@@ -22,7 +22,10 @@ pub use precision::Precision;
 pub use recipe::progressive_res;
 pub use report::{chrome_trace, Summary};
 pub use timing::{percentile, PendingTimes, Phase, PhaseClock, StepTimes};
-pub use trainer::{Inputs, Step, TrainConfig, Trainer, IMAGENET_MEAN, IMAGENET_STD, TIMES_LAG};
+pub use trainer::{
+    GraphStats, Inputs, Step, TrainConfig, Trainer, GRAPH_WARMUP_STEPS, IMAGENET_MEAN,
+    IMAGENET_STD, TIMES_LAG,
+};
 
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 

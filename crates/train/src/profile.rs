@@ -552,6 +552,30 @@ impl Backend for OpProfile {
     fn synchronize(&self) -> Result<()> {
         self.timed(Blocking, || "synchronize".into(), 0, |b| b.synchronize())
     }
+    fn record_event(&self) -> Result<redline_tensor::Event> {
+        self.inner.backend().record_event()
+    }
+    fn wait_event(&self, event: &redline_tensor::Event) -> Result<()> {
+        self.inner.backend().wait_event(event)
+    }
+    fn download_after(&self, x: View<'_>, after: &redline_tensor::Event) -> Result<Download> {
+        let f = |b: &dyn Backend| b.download_after(x, after);
+        self.timed(Transfer, || "download_after".into(), 0, f)
+    }
+    fn begin_capture(&self) -> Result<()> {
+        if self.detail {
+            // Each op is bracketed by timestamps, which a graph cannot hold.
+            return Err(redline_tensor::TensorError::Backend {
+                device: self.name(),
+                what: "a per-op profile times every op apart; a captured graph runs them as one"
+                    .into(),
+            });
+        }
+        self.inner.backend().begin_capture()
+    }
+    fn end_capture(&self) -> Result<redline_tensor::Graph> {
+        self.inner.backend().end_capture()
+    }
     fn timestamp(&self) -> Result<Option<Timestamp>> {
         let Some(stamp) = self.inner.backend().timestamp()? else {
             return Ok(None);

@@ -10,7 +10,7 @@ use redline_loader::{Batch, LoaderError, Mode, Position};
 use redline_nn::{
     clip_grad_norm, named_parameters, state_dict, zero_grad, Kind, Module, Optimizer, Schedule,
 };
-use redline_tensor::{no_grad, BinaryOp, DType, Device, HostBytes, Op, Tensor};
+use redline_tensor::{no_grad, BinaryOp, DType, Device, Graph, HostBytes, Op, Tensor};
 
 use crate::checkpoint::{self, Progress};
 use crate::metrics::{top_k_correct, Evaluation};
@@ -77,9 +77,47 @@ pub struct Trainer {
     /// Steps whose phase times are still on the device, oldest first.
     pending_times: std::collections::VecDeque<PendingTimes>,
     /// The device buffers every upload of a batch of this size writes into.
-    staged: std::sync::Mutex<Option<Staged>>,
+    staged: std::sync::Mutex<Vec<Staged>>,
     /// This trainer as one rank of a data-parallel job.
     data_parallel: Option<Ranked>,
+    /// Replaying the step as a captured graph ([`Trainer::with_graph`]).
+    graph: Graphing,
+    graph_stats: GraphStats,
+}
+
+/// Eager steps before the step is captured: libraries pick algorithms and size workspaces, and
+/// optimizer state exists, outside the graph.
+pub const GRAPH_WARMUP_STEPS: usize = 2;
+
+/// Where graph replay stands.
+enum Graphing {
+    Off,
+    /// Capture once the warm-up is done.
+    Waiting,
+    Active {
+        graph: Graph,
+        /// The captured loss: each replay rewrites it.
+        loss: Tensor,
+        /// The staged images' shape the graph reads.
+        shape: Vec<usize>,
+    },
+    /// Not capturable here; every step eager.
+    Refused,
+}
+
+/// What graph replay did over a trainer's life (the bench report's `graph`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// [`Trainer::with_graph`] was asked for.
+    pub requested: bool,
+    /// Operations per replay (kernels, library calls, copies); 0 before the capture.
+    pub nodes: usize,
+    /// Steps run by replaying the graph (the captured step's own first run included).
+    pub replays: u64,
+    /// Steps run eagerly after the warm-up, and why (no capture on this device, a batch of
+    /// another shape than the captured one, data parallelism).
+    pub eager_steps: u64,
+    pub eager_reason: Option<String>,
 }
 
 /// What a rank of a data-parallel job adds to a trainer.
@@ -91,10 +129,38 @@ struct Ranked {
     buffers: Vec<Tensor>,
 }
 
+/// How one step runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum GraphTurn {
+    Eager,
+    Capture,
+    Replay,
+}
+
+/// A batch in the static buffers, before the input op.
+struct StagedBatch {
+    images: Tensor,
+    y: Tensor,
+    ignore_index: Option<i64>,
+}
+
+impl StagedBatch {
+    /// The input op: u8 NHWC → normalised, in the precision's compute dtype.
+    fn normalized(self, precision: Precision) -> Result<Inputs> {
+        let dtype = precision.autocast().unwrap_or(DType::F32);
+        let x = Tensor::normalize_input(&self.images, &IMAGENET_MEAN, &IMAGENET_STD, dtype)?;
+        Ok(Inputs {
+            x,
+            y: self.y,
+            ignore_index: self.ignore_index,
+        })
+    }
+}
+
 /// A batch's raw pixels (u8 NHWC) and labels (i64) in device buffers that stay put: each upload
 /// of the same shape overwrites them in place, so a captured step finds its inputs at the
-/// addresses it was captured with; a batch of another shape (the last, partial one) gets new
-/// buffers.
+/// addresses it was captured with; a batch of another shape (the last, partial one) has
+/// buffers of its own.
 struct Staged {
     images: Tensor,
     labels: Tensor,
@@ -134,7 +200,27 @@ impl Trainer {
             pending_times: Default::default(),
             staged: Default::default(),
             data_parallel: None,
+            graph: Graphing::Off,
+            graph_stats: GraphStats::default(),
         })
+    }
+
+    /// Replays the training step as a captured graph (a CUDA graph: one launch instead of
+    /// hundreds) once [`GRAPH_WARMUP_STEPS`] eager steps have run: the step after the warm-up
+    /// is captured — the input op, forward, loss, backward, unscale and clip, optimizer and
+    /// scale update — and every later step of that batch shape copies its batch into the
+    /// static input buffers, writes the learning rate and replays it. A device that cannot
+    /// capture, a batch of another shape, and data parallelism (its bucket collectives run on
+    /// another thread) run eagerly, counted in [`Trainer::graph_stats`] with the reason.
+    pub fn with_graph(mut self) -> Self {
+        self.graph = Graphing::Waiting;
+        self.graph_stats.requested = true;
+        self
+    }
+
+    /// What graph replay did so far.
+    pub fn graph_stats(&self) -> &GraphStats {
+        &self.graph_stats
     }
 
     /// Makes this trainer one rank of a data-parallel job over `collective`: rank 0's
@@ -314,6 +400,11 @@ impl Trainer {
     /// and the i64 labels, the pixels and labels copied into the trainer's static buffers. The
     /// pooled buffer goes with the copy and returns to the loader's pool when it is done.
     pub fn upload(&self, batch: Batch) -> Result<Inputs> {
+        self.stage(batch)?.normalized(self.config.precision)
+    }
+
+    /// The batch's pixels and labels copied into the static buffers (no op on them yet).
+    fn stage(&self, batch: Batch) -> Result<StagedBatch> {
         let (n, res) = (batch.len, batch.res);
         let labels: Vec<i64> = batch.labels().collect();
         let pixels = n * res * res * 3;
@@ -321,29 +412,35 @@ impl Trainer {
         images.copy_from_host(HostBytes::Pooled(batch.into_buffer(), pixels))?;
         let label_bytes = labels.iter().flat_map(|l| l.to_le_bytes()).collect();
         y.copy_from_host(HostBytes::Owned(label_bytes))?;
-        let dtype = self.config.precision.autocast().unwrap_or(DType::F32);
-        let x = Tensor::normalize_input(&images, &IMAGENET_MEAN, &IMAGENET_STD, dtype)?;
         // Samples the loader skipped carry -1. A device that compares i64 always masks them,
         // so no step depends on what a batch holds; one that does not (wgpu) masks only the
         // batches that need it, known here on the host.
         let masks = (self.device.backend()).supports(Op::Binary(BinaryOp::Ne), DType::I64);
         let ignore_index = (masks || labels.iter().any(|&l| l < 0)).then_some(-1);
-        Ok(Inputs { x, y, ignore_index })
+        Ok(StagedBatch {
+            images,
+            y,
+            ignore_index,
+        })
     }
 
-    /// The static input buffers for a batch of `n` images of `res`², made on first use and
-    /// whenever the batch shape changes.
+    /// The static input buffers for a batch of `n` images of `res`², made on the first batch
+    /// of that shape and kept: a captured step reads the full batches' buffers at their
+    /// addresses however many partial batches (or other resolutions) ran in between.
     fn staged(&self, n: usize, res: usize) -> Result<(Tensor, Tensor)> {
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         let shape = [n, res, res, 3];
-        let fits = staged.as_ref().is_some_and(|s| s.images.shape() == shape);
-        if !fits {
-            *staged = Some(Staged {
-                images: Tensor::zeros(&shape, DType::U8, &self.device)?,
-                labels: Tensor::zeros(&[n], DType::I64, &self.device)?,
-            });
-        }
-        let s = staged.as_ref().ok_or(TrainError::NoData)?;
+        let found = staged.iter().find(|s| s.images.shape() == shape);
+        let s = match found {
+            Some(s) => s,
+            None => {
+                staged.push(Staged {
+                    images: Tensor::zeros(&shape, DType::U8, &self.device)?,
+                    labels: Tensor::zeros(&[n], DType::I64, &self.device)?,
+                });
+                staged.last().ok_or(TrainError::NoData)?
+            }
+        };
         Ok((s.images.clone(), s.labels.clone()))
     }
 
@@ -418,15 +515,30 @@ impl Trainer {
             index: batch.position.index + batch.len,
         };
         clock.lap_host(Phase::DataWait)?;
-        let inputs = self.upload(batch)?;
-        clock.lap(Phase::HostToDevice)?;
-        let loss = self.forward(&inputs)?;
-        clock.lap(Phase::Forward)?;
-        self.backward(&loss)?;
-        clock.lap(Phase::Backward)?;
         let lr = self.lr();
-        self.update()?;
-        clock.lap(Phase::Optimizer)?;
+        let staged = self.stage(batch)?;
+        let loss = match self.graph_turn(&staged) {
+            GraphTurn::Eager => {
+                let inputs = staged.normalized(self.config.precision)?;
+                clock.lap(Phase::HostToDevice)?;
+                let loss = self.forward(&inputs)?;
+                clock.lap(Phase::Forward)?;
+                self.backward(&loss)?;
+                clock.lap(Phase::Backward)?;
+                self.update()?;
+                clock.lap(Phase::Optimizer)?;
+                loss
+            }
+            turn => {
+                clock.lap(Phase::HostToDevice)?;
+                // One graph: its time is the forward phase's; backward and optimizer are in it.
+                let loss = self.graph_step(turn, staged)?;
+                clock.lap(Phase::Forward)?;
+                clock.lap(Phase::Backward)?;
+                clock.lap(Phase::Optimizer)?;
+                loss
+            }
+        };
         self.pending_times.push_back(clock.finish_later());
         let known = self.pending_times.len() > TIMES_LAG
             || self
@@ -445,6 +557,78 @@ impl Trainer {
             lr,
             images,
         })
+    }
+
+    /// How this step runs under graph replay (and the bookkeeping of eager steps).
+    fn graph_turn(&mut self, staged: &StagedBatch) -> GraphTurn {
+        let shape = staged.images.shape().to_vec();
+        let (turn, reason) = match &self.graph {
+            Graphing::Off => return GraphTurn::Eager,
+            Graphing::Waiting if self.steps < GRAPH_WARMUP_STEPS => return GraphTurn::Eager,
+            Graphing::Waiting if self.data_parallel.is_some() => {
+                self.graph = Graphing::Refused;
+                let why = "data parallelism: its bucket collectives run on another thread";
+                (GraphTurn::Eager, Some(why.to_string()))
+            }
+            Graphing::Waiting => return GraphTurn::Capture,
+            Graphing::Active { shape: s, .. } if *s == shape => return GraphTurn::Replay,
+            Graphing::Active { shape: s, .. } => {
+                let why = format!("a batch of shape {shape:?}; the graph was captured for {s:?}");
+                (GraphTurn::Eager, Some(why))
+            }
+            Graphing::Refused => (GraphTurn::Eager, None),
+        };
+        self.graph_stats.eager_steps += 1;
+        if let Some(why) = reason {
+            self.graph_stats.eager_reason.get_or_insert(why);
+        }
+        turn
+    }
+
+    /// A step as a graph: captured now (then run by replaying it once) or replayed. A device
+    /// that cannot capture says so before anything is recorded, and the step runs eagerly.
+    fn graph_step(&mut self, turn: GraphTurn, staged: StagedBatch) -> Result<Tensor> {
+        // The rate's copy happens outside the graph; inside, `update` finds it unchanged.
+        self.optimizer.set_lr(self.lr())?;
+        if let (GraphTurn::Replay, Graphing::Active { graph, loss, .. }) = (turn, &self.graph) {
+            graph.replay()?;
+            self.model.batch_replayed();
+            self.steps += 1;
+            self.graph_stats.replays += 1;
+            // The caller may read it steps later, after more replays rewrote the graph's.
+            return Ok(no_grad(|| loss.add_scalar(0.0))?);
+        }
+        let shape = staged.images.shape().to_vec();
+        let backend = self.device.backend();
+        if let Err(e) = backend.begin_capture() {
+            self.graph = Graphing::Refused;
+            self.graph_stats.eager_steps += 1;
+            self.graph_stats.eager_reason = Some(e.to_string());
+            let inputs = staged.normalized(self.config.precision)?;
+            let loss = self.forward(&inputs)?;
+            self.backward(&loss)?;
+            self.update()?;
+            return Ok(loss);
+        }
+        let captured = (|| -> Result<Tensor> {
+            let inputs = staged.normalized(self.config.precision)?;
+            let loss = self.forward(&inputs)?;
+            self.backward(&loss)?;
+            self.update()?;
+            Ok(loss)
+        })();
+        let graph = self.device.backend().end_capture();
+        let (loss, graph) = (captured?, graph?);
+        graph.replay()?;
+        self.graph_stats.nodes = graph.nodes();
+        self.graph_stats.replays += 1;
+        let copy = no_grad(|| loss.detach().add_scalar(0.0))?;
+        self.graph = Graphing::Active {
+            graph,
+            loss: loss.detach(),
+            shape,
+        };
+        Ok(copy)
     }
 
     /// The phase times of the steps not yet reported, oldest first (waiting for the device to

@@ -468,3 +468,76 @@ fn on_a_device_with_a_clock_step_times_arrive_two_steps_late() {
         assert!(loss.wait().unwrap()[0].is_finite());
     }
 }
+
+/// Losses, the final state's bits and the graph statistics of a run.
+type GraphRun = (Vec<f32>, Vec<(String, Vec<u64>)>, redline_train::GraphStats);
+
+/// `steps` fp16 steps of the small CNN on `device`, with graph replay or not; epochs end with
+/// a partial batch.
+fn graph_run(device: &Device, set: &Arc<ShardSet>, steps: usize, graph: bool) -> GraphRun {
+    let model = small_cnn(device);
+    let sgd = Sgd::new(decay_groups(&model, 5e-5), 0.9, 0.0, true).unwrap();
+    let config = TrainConfig {
+        precision: Precision::Fp16,
+        label_smoothing: 0.1,
+        clip_norm: Some(1.0),
+        base_lr: 0.1,
+        schedule: Schedule::one_cycle(steps),
+    };
+    let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), config, device.clone()).unwrap();
+    if graph {
+        trainer = trainer.with_graph();
+    }
+    let mut config = Config::new(8, RES, true);
+    config.drop_last = false;
+    let mut batches = Loader::new(set.clone(), config, Position::default()).unwrap();
+    let losses = (0..steps)
+        .map(|_| {
+            trainer
+                .train_step(&mut batches)
+                .unwrap()
+                .loss
+                .item()
+                .unwrap() as f32
+        })
+        .collect();
+    (
+        losses,
+        bits(trainer.checkpoint_tensors()),
+        trainer.graph_stats().clone(),
+    )
+}
+
+#[test]
+fn a_replayed_graph_trains_exactly_as_eager_steps_and_other_shapes_run_eagerly() {
+    // The CUDA backend on its host emulator, where a replay runs the captured launches with
+    // their capture-time arguments: the same bits as eager steps only if the whole AMP step
+    // (input op, forward, loss, scaled backward, unscale, clip, SGD, scale update, a learning
+    // rate that changes every step) is capturable.
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 52); // 6 batches of 8 and one of 4 per epoch
+    let device = Device::new(Arc::new(redline_cuda::CudaBackend::emulated().unwrap()));
+    let steps = 9;
+    let (eager_losses, eager_state, eager_stats) = graph_run(&device, &train, steps, false);
+    let (losses, state, stats) = graph_run(&device, &train, steps, true);
+    assert_eq!(losses, eager_losses);
+    assert_eq!(state, eager_state);
+    assert!(!eager_stats.requested && eager_stats.replays == 0);
+    assert!(stats.requested && stats.nodes > 50, "{stats:?}");
+    // Steps 0-1 warm up, 2-5 and 7-8 replay (2 captures it), 6 is the partial batch.
+    assert_eq!((stats.replays, stats.eager_steps), (6, 1), "{stats:?}");
+    let why = stats.eager_reason.unwrap_or_default();
+    assert!(
+        why.contains("[4, 32, 32, 3]") && why.contains("captured for [8, 32, 32, 3]"),
+        "{why}"
+    );
+
+    // The CPU runs ops as they come: every step eager, saying why.
+    let cpu = CpuBackend::device();
+    let (_, _, stats) = graph_run(&cpu, &train, 3, true);
+    assert_eq!((stats.replays, stats.eager_steps), (0, 1), "{stats:?}");
+    assert!(stats
+        .eager_reason
+        .unwrap()
+        .contains("cannot capture graphs"));
+}

@@ -51,6 +51,8 @@ pub struct Options {
     pub model: String,
     /// Run on the host emulator instead of GPU 0: the stages' own test, without a GPU.
     pub emulate: bool,
+    /// Train by replaying a captured graph after the warm-up (`Trainer::with_graph`).
+    pub graph: bool,
 }
 
 impl Default for Options {
@@ -64,6 +66,7 @@ impl Default for Options {
             budget_seconds: 120.0,
             model: "resnet50".into(),
             emulate: false,
+            graph: false,
         }
     }
 }
@@ -573,6 +576,9 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
     };
     let mut trainer = Trainer::new(Box::new(model), Box::new(adamw), config, device.clone())
         .map_err(|e| err(&e))?;
+    if options.graph {
+        trainer = trainer.with_graph();
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let loader_config = Config {
         workers: cores,
@@ -580,7 +586,12 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
         ..Config::new(options.batch, options.res, true)
     };
     let mut loader = Loader::new(set, loader_config, Default::default()).map_err(|e| err(&e))?;
-    for _ in 0..2 {
+    // Under a graph the capture happens in the warm-up.
+    let warmup = match options.graph {
+        true => redline_train::GRAPH_WARMUP_STEPS + 1,
+        false => 2,
+    };
+    for _ in 0..warmup {
         trainer
             .train_step(&mut loader)
             .map_err(|e| err(&e))?
@@ -638,6 +649,13 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
         "memory": backend.memory_stats().to_string(),
         "completed_steps": times.len(),
         "asked_steps": options.steps,
+        "graph": {
+            "requested": options.graph,
+            "nodes": trainer.graph_stats().nodes,
+            "replays": trainer.graph_stats().replays,
+            "eager_steps_after_warmup": trainer.graph_stats().eager_steps,
+            "eager_reason": trainer.graph_stats().eager_reason,
+        },
     }))
 }
 

@@ -41,6 +41,9 @@ struct Cli {
     /// Run on the host emulator instead of GPU 0 (the stages' own test, without a GPU).
     #[arg(long)]
     emulate: bool,
+    /// Train by replaying the step as a captured CUDA graph after the warm-up.
+    #[arg(long)]
+    graph: bool,
 }
 
 #[derive(Subcommand)]
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         res: cli.res,
         model: cli.model,
         emulate: cli.emulate,
+        graph: cli.graph,
         ..Options::default()
     };
     if redline_gpu_check::run(&options) {

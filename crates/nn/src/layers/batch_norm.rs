@@ -223,6 +223,10 @@ impl Module for BatchNorm2d {
         *self.sync.lock().unwrap_or_else(|p| p.into_inner()) = sync.cloned();
     }
 
+    fn batch_replayed(&self) {
+        let _ = self.count_batch();
+    }
+
     fn state_loaded(&self) -> Result<()> {
         let count = self.num_batches_tracked.item()? as i64;
         self.batches.store(count, Ordering::Relaxed);
@@ -254,6 +258,10 @@ impl Module for BatchNormReLU {
 
     fn sync_batch_norm(&self, sync: Option<&Arc<dyn BatchStatsSync>>) {
         self.0.sync_batch_norm(sync)
+    }
+
+    fn batch_replayed(&self) {
+        self.0.batch_replayed()
     }
 
     fn state_loaded(&self) -> Result<()> {

@@ -67,6 +67,12 @@ impl Module for Sequential {
         }
     }
 
+    fn batch_replayed(&self) {
+        for (_, m) in &self.children {
+            m.batch_replayed();
+        }
+    }
+
     fn state_loaded(&self) -> Result<()> {
         self.children.iter().try_for_each(|(_, m)| m.state_loaded())
     }
