@@ -152,6 +152,8 @@ struct Evidence {
     stream_gb_per_s: Option<f64>,
     /// Device allocations per measured step (devices with a caching allocator).
     allocations_per_step: Option<f64>,
+    /// Nodes of the graph the measured steps replayed (the report's `graph`, when active).
+    graph_nodes: Option<f64>,
 }
 
 struct Ops {
@@ -274,6 +276,10 @@ pub fn diagnose(report: &Value) -> Result<Diagnosis, NotAReport> {
         ops: ops.and_then(Ops::read),
         stream_gb_per_s: field(steps, "stream_gb_per_s"),
         allocations_per_step: allocations_per_step(steps, report),
+        graph_nodes: report
+            .get("graph")
+            .filter(|g| g.get("active").and_then(Value::as_bool) == Some(true))
+            .and_then(|g| num(g, "nodes")),
     };
     let findings = vec![
         data(&evidence, report),
@@ -436,13 +442,18 @@ fn launches(e: &Evidence) -> Finding {
         status: if holds { Status::Holds } else { Status::Clear },
         share: Some(share.min(1.0)),
         evidence,
-        fix: if holds {
-            "capture the step as a CUDA graph once shapes are static and replay it (one launch \
-             a step); fuse short kernels (batch norm + ReLU + residual, the optimizer and the \
-             finite check as single multi-tensor launches)"
-                .into()
-        } else {
-            String::new()
+        fix: match (holds, e.graph_nodes) {
+            (false, _) => String::new(),
+            (true, None) => "replay the step as a captured CUDA graph (`--graph` on `cargo xtask \
+                 bench imagenet`, `Trainer::with_graph`: one launch a step once shapes are \
+                 static); fuse short kernels (batch norm + ReLU + residual, the optimizer and \
+                 the finite check as single multi-tensor launches)"
+                .into(),
+            (true, Some(nodes)) => format!(
+                "the step already replays a graph of {nodes:.0} nodes, so the launch count \
+                 above is the capture's: fuse short kernels to shrink the graph, and check \
+                 what runs outside it (the report's graph.eager_steps_after_warmup)"
+            ),
         },
     }
 }
@@ -662,12 +673,26 @@ mod tests {
     fn a_host_bound_step_of_short_kernels_asks_for_a_graph() {
         // 1,200 launches at 60 µs of host time each = 72 ms of a 100 ms step, device busy 30%.
         let ops = ops(DEVICE, 1200.0, 72.0, &[], Some(30.0), (5.0, 4e9));
-        let d = diagnose(&report("cuda", 0.0, ops)).unwrap();
+        let d = diagnose(&report("cuda", 0.0, ops.clone())).unwrap();
         assert_eq!(holding(&d), [Bottleneck::Launches]);
         let f = d.finding(Bottleneck::Launches);
         assert!(f.evidence.contains("1200 launches") && f.evidence.contains("60.0 µs each"));
         assert!(f.evidence.contains("device busy 30.0%"), "{}", f.evidence);
-        assert!(f.fix.contains("CUDA graph"));
+        assert!(
+            f.fix.contains("CUDA graph") && f.fix.contains("--graph"),
+            "{}",
+            f.fix
+        );
+        // A run that already replays a graph is told to shrink it instead.
+        let mut r = report("cuda", 0.0, ops);
+        r["graph"] = json!({"active": true, "nodes": 900});
+        let d = diagnose(&r).unwrap();
+        let f = d.finding(Bottleneck::Launches);
+        assert!(
+            f.fix.contains("already replays a graph of 900 nodes"),
+            "{}",
+            f.fix
+        );
     }
 
     #[test]

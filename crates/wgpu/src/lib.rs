@@ -22,8 +22,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::backend::{
-    AdamWParams, Backend, BinaryOp, Conv2dParams, Download, HostBytes, NnOp, Op, OptimOp, OtherOp,
-    Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, Timestamp, UnaryOp, View,
+    AdamWParams, Backend, BatchNormCoefParams, BinaryOp, Conv2dParams, Download, HostBytes, NnOp,
+    Op, OptimOp, OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, Timestamp,
+    UnaryOp, View,
 };
 use redline_tensor::{DType, Device, Layout, Result, TensorError};
 
@@ -175,6 +176,26 @@ impl WgpuBackend {
         Ok(self.wrap(buffer, dtype, out.storage_extent().max(out.numel())))
     }
 
+    /// A contiguous operand's buffer and first element (the coefficient ops' operands).
+    fn dense<'a>(&self, v: View<'a>) -> Result<kernels::norm::Operand<'a>> {
+        if !v.layout.is_contiguous() {
+            return Err(TensorError::Shape(format!(
+                "{}: batch norm's coefficient ops take contiguous operands, got shape {:?} \
+                 strides {:?}",
+                self.name(),
+                v.layout.shape(),
+                v.layout.strides()
+            )));
+        }
+        Ok((self.buffer(v.storage)?, v.layout.offset()))
+    }
+
+    /// A new contiguous storage of `len` elements of `dtype`.
+    fn empty(&self, dtype: DType, len: usize) -> Storage {
+        let buffer = self.ctx.alloc(shader::storage_bytes(dtype, len.max(1)));
+        self.wrap(buffer, dtype, len)
+    }
+
     fn triple<'a>(&self, v: View<'a>) -> Result<(&'a wgpu::Buffer, &'a Layout, DType)> {
         Ok((self.buffer(v.storage)?, v.layout, v.dtype()))
     }
@@ -263,13 +284,11 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // Batch norm's one-launch coefficient ops, the fused cross-entropy and the multi-tensor
-        // sum of squares are not written in WGSL yet: the front end composes them from the
-        // primitives here.
+        // The fused cross-entropy and the multi-tensor sum of squares are not written in WGSL
+        // yet: the front end composes them from the primitives here.
         if matches!(
             op,
-            Op::Nn(NnOp::BatchNormCoef | NnOp::BatchNormGradCoef | NnOp::CrossEntropy)
-                | Op::Optim(OptimOp::SumSquares)
+            Op::Nn(NnOp::CrossEntropy) | Op::Optim(OptimOp::SumSquares)
         ) {
             return false;
         }
@@ -560,6 +579,61 @@ impl Backend for WgpuBackend {
             self.copy_into(&out, &at, src)?;
         }
         Ok(out)
+    }
+
+    fn batch_norm_coef(
+        &self,
+        sums: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let dtype = sums.dtype();
+        let c = sums.layout.numel() / 2;
+        let (coef, saved) = (self.empty(dtype, 3 * c), self.empty(dtype, 2 * c));
+        let running = match running {
+            Some((m, v)) => Some((self.buffer(m)?, self.buffer(v)?, m.dtype())),
+            None => None,
+        };
+        kernels::norm::batch_norm_coef(
+            &self.ctx,
+            dtype,
+            c,
+            self.dense(sums)?,
+            weight.map(|w| self.dense(w)).transpose()?,
+            bias.map(|b| self.dense(b)).transpose()?,
+            running,
+            self.buffer(&coef)?,
+            self.buffer(&saved)?,
+            p,
+        )?;
+        Ok((coef, saved))
+    }
+
+    fn batch_norm_grad_coef(
+        &self,
+        sums: View<'_>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let dtype = sums.dtype();
+        let c = sums.layout.numel() / 2;
+        let coef = self.empty(dtype, 3 * c);
+        let (dw, db) = (self.empty(dtype, c), self.empty(dtype, c));
+        let outputs = [self.buffer(&coef)?, self.buffer(&dw)?, self.buffer(&db)?];
+        kernels::norm::batch_norm_grad_coef(
+            &self.ctx,
+            dtype,
+            c,
+            count,
+            self.dense(sums)?,
+            self.dense(saved)?,
+            weight.map(|w| self.dense(w)).transpose()?,
+            outputs,
+        )?;
+        Ok((coef, dw, db))
     }
 
     /// Composed from this backend's elementwise kernels with per-channel broadcast views.

@@ -5,5 +5,6 @@ pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod matmul;
 pub(crate) mod nn;
+pub(crate) mod norm;
 pub(crate) mod optim;
 pub(crate) mod reduce;
