@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use redline_tensor::backend::{
     AdamWParams, Backend, BatchNormCoefParams, BinaryOp, Conv2dParams, Download, HostBytes, NnOp,
-    Op, OptimOp, OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, Timestamp,
-    UnaryOp, View,
+    Op, OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, Timestamp, UnaryOp,
+    View,
 };
 use redline_tensor::{DType, Device, Layout, Result, TensorError};
 
@@ -284,12 +284,9 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // The fused cross-entropy and the multi-tensor sum of squares are not written in WGSL
-        // yet: the front end composes them from the primitives here.
-        if matches!(
-            op,
-            Op::Nn(NnOp::CrossEntropy) | Op::Optim(OptimOp::SumSquares)
-        ) {
+        // The fused cross-entropy is not written in WGSL yet: the front end composes it from
+        // the primitives here.
+        if op == Op::Nn(NnOp::CrossEntropy) {
             return false;
         }
         if self.float(dtype) {
@@ -709,6 +706,16 @@ impl Backend for WgpuBackend {
             kernels::optim::sgd(&self.ctx, dtype, pb, gb, m, found, &at, param.len(), p)?;
         }
         Ok(())
+    }
+
+    fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {
+        let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
+        let sd = redline_tensor::stats_dtype(dtype);
+        let buffers = (tensors.iter())
+            .map(|t| Ok((self.buffer(t)?, t.len())))
+            .collect::<Result<Vec<_>>>()?;
+        let y = kernels::reduce::sum_squares(&self.ctx, dtype, &buffers, sd)?;
+        Ok(self.wrap(y, sd, 1))
     }
 
     fn adamw(

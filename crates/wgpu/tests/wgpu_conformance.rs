@@ -50,14 +50,12 @@ fn wgpu_passes_the_conformance_suite() {
     );
     println!("{}", report.matrix());
     report.assert_passed();
-    // Every op is declared for f32 and f16 but the fused cross-entropy and the multi-tensor
-    // sum of squares, not written in WGSL yet: on wgpu the front end composes them from the
-    // primitives.
+    // Every op is declared for f32 and f16 but the fused cross-entropy, not written in WGSL
+    // yet: on wgpu the front end composes it from the primitives.
     assert!(
-        report.matrix().contains(
-            "undeclared f32/f16 pairs: cross_entropy/f32, cross_entropy/f16, sum_squares/f32, \
-             sum_squares/f16\n"
-        ),
+        report
+            .matrix()
+            .contains("undeclared f32/f16 pairs: cross_entropy/f32, cross_entropy/f16\n"),
         "every other op must be declared for f32 and f16:\n{}",
         report.matrix()
     );
@@ -255,4 +253,33 @@ fn a_training_loop_steady_state_creates_no_buffers() {
     redline_testkit::training::check_steady_state_memory(&device).unwrap();
     let stats = device.memory_stats().expect("the buffer pool's statistics");
     assert!(stats.reserved >= stats.in_use && stats.peak_in_use >= stats.in_use);
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn the_sum_of_squares_covers_many_workgroups_of_many_tensors() {
+    let Some((device, _)) = device() else { return };
+    // Tensors from one element to past 256 workgroups' worth, in f32.
+    let lens = [1usize, 63, 1000, 70_001, 300_000];
+    let values: Vec<Vec<f32>> = (lens.iter().enumerate())
+        .map(|(k, &n)| {
+            (0..n)
+                .map(|i| ((i * 7 + k) % 23) as f32 / 11.0 - 1.0)
+                .collect()
+        })
+        .collect();
+    let tensors: Vec<Tensor> = (values.iter())
+        .map(|v| Tensor::from_slice(v, &[v.len()], &device).unwrap())
+        .collect();
+    let storages: Vec<&redline_tensor::Storage> = tensors.iter().map(|t| &**t.storage()).collect();
+    let sum = device.backend().sum_squares(&storages).unwrap();
+    let got = Tensor::from_storage(sum, redline_tensor::Layout::contiguous(&[]), device.clone())
+        .item()
+        .unwrap();
+    let want: f64 = values
+        .iter()
+        .flatten()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum();
+    assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
 }

@@ -95,3 +95,97 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
     ctx.dispatch(&pipeline, &params, &[x.buffer, y.buffer()], clear, groups)?;
     Ok(y)
 }
+
+/// Σ x² over every element of every tensor in `tensors` (buffer, length; all of `dtype`), as
+/// one element of `out_dtype`: a pass per tensor writes the partial sums of up to
+/// [`SQUARES_BLOCKS`] workgroups, then one workgroup adds them up in order — deterministic,
+/// N + 1 launches where the composition took three ops per tensor.
+pub(crate) fn sum_squares(
+    ctx: &Context,
+    dtype: DType,
+    tensors: &[(&wgpu::Buffer, usize)],
+    out_dtype: DType,
+) -> Result<PooledBuffer> {
+    let blocks: Vec<usize> = (tensors.iter())
+        .map(|&(_, len)| len.div_ceil(THREADS as usize * 16).clamp(1, SQUARES_BLOCKS))
+        .collect();
+    let total: usize = blocks.iter().sum();
+    let partials = ctx.alloc(shader::storage_bytes(DType::F32, total));
+    let tree = |store: &str| {
+        format!(
+            r#"    sh[t] = acc;
+    workgroupBarrier();
+    for (var s = {half}u; s > 0u; s = s >> 1u) {{
+        if (t < s) {{ sh[t] = sh[t] + sh[t + s]; }}
+        workgroupBarrier();
+    }}
+    if (t == 0u) {{ {store} }}
+}}
+"#,
+            half = THREADS / 2
+        )
+    };
+    let part = ctx.pipeline(&format!("sum_squares_part|{dtype:?}"), || {
+        let mut src = shader::prelude(&[dtype]);
+        src.push_str(&shader::input("a", 1, dtype));
+        src.push_str(&shader::output("p", 2, DType::F32));
+        src.push_str(&format!(
+            r#"
+var<workgroup> sh: array<f32, {THREADS}>;
+
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {{
+    let step = params[2] * {THREADS}u;
+    var acc: f32 = 0.0;
+    for (var j = wid.x * {THREADS}u + t; j < params[0]; j = j + step) {{
+        let v = load_a(j);
+        acc = acc + v * v;
+    }}
+"#
+        ));
+        src.push_str(&tree("store_p(params[1] + wid.x, sh[0]);"));
+        src
+    });
+    let mut first = 0;
+    for (&(buffer, len), &n) in tensors.iter().zip(&blocks) {
+        let params = [len as u32, first as u32, n as u32];
+        ctx.dispatch(
+            &part,
+            &params,
+            &[buffer, partials.buffer()],
+            None,
+            [n as u32, 1, 1],
+        )?;
+        first += n;
+    }
+    let sum = ctx.pipeline(&format!("sum_squares_total|{out_dtype:?}"), || {
+        let mut src = shader::prelude(&[out_dtype]);
+        src.push_str(&shader::input("p", 1, DType::F32));
+        src.push_str(&shader::output("y", 2, out_dtype));
+        src.push_str(&format!(
+            r#"
+var<workgroup> sh: array<f32, {THREADS}>;
+
+@compute @workgroup_size({THREADS})
+fn main(@builtin(local_invocation_index) t: u32) {{
+    var acc: f32 = 0.0;
+    for (var j = t; j < params[0]; j = j + {THREADS}u) {{ acc = acc + load_p(j); }}
+"#
+        ));
+        src.push_str(&tree("store_y(0u, sh[0]);"));
+        src
+    });
+    let y = ctx.alloc(shader::storage_bytes(out_dtype, 1));
+    let params = [total as u32];
+    ctx.dispatch(
+        &sum,
+        &params,
+        &[partials.buffer(), y.buffer()],
+        None,
+        [1, 1, 1],
+    )?;
+    Ok(y)
+}
+
+/// The most workgroups one tensor's pass of [`sum_squares`] uses.
+pub(crate) const SQUARES_BLOCKS: usize = 256;
