@@ -103,6 +103,13 @@ fn downloads_ordered_after_an_event_see_the_work_before_it() {
 }
 
 #[test]
+fn cross_entropy_without_ignore_index_keeps_every_sample() {
+    redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(
+        &CpuBackend::device(),
+    );
+}
+
+#[test]
 fn convolutions_over_several_tiles_and_threads() {
     let p3 = Conv2dParams {
         padding: [1, 1],

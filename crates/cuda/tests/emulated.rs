@@ -530,6 +530,11 @@ fn downloads_ordered_after_an_event_see_the_work_before_it() {
     redline_testkit::events::check_events(&device()).unwrap();
 }
 
+#[test]
+fn cross_entropy_without_ignore_index_keeps_every_sample() {
+    redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(&device());
+}
+
 /// An asynchronous download sees the ops enqueued before it, of strided views too.
 #[test]
 fn an_asynchronous_download_returns_what_a_synchronous_one_does() {

@@ -375,3 +375,35 @@ pub fn refuses_out_of_plane_positions(device: &Device) {
         .expect_err("position 16 lies outside a 4x4 plane");
     assert!(err.to_string().contains("out"), "{err}");
 }
+
+/// The fused cross-entropy without an `ignore_index` counts every sample — target 0 and the
+/// largest class included — and matches the reference's loss and logits' gradient (the
+/// suite's cases always pass `Some(-1)`; "none" reaches a backend as a target no sample holds).
+pub fn cross_entropy_without_ignore_index_keeps_every_sample(device: &Device) {
+    use redline_tensor::Tensor;
+    let values: Vec<f32> = (0..12).map(|i| ((i * 5) % 7) as f32 / 3.0 - 1.0).collect();
+    let run = |d: &Device| {
+        let x = Tensor::from_slice(&values, &[3, 4], d)
+            .expect("logits")
+            .with_requires_grad(true);
+        let y = Tensor::from_slice(&[0i64, 3, 0], &[3], d).expect("targets");
+        let loss = x.cross_entropy(&y, 0.1, None).expect("loss");
+        loss.backward().expect("backward");
+        let grad = x.grad().expect("a gradient").to_f64_vec().expect("grad");
+        (loss.item().expect("loss value"), grad)
+    };
+    let (loss, grad) = run(device);
+    let (want_loss, want_grad) = run(&Device::reference());
+    assert!(
+        (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+        "{}: loss {loss}, reference {want_loss}",
+        device.name()
+    );
+    for (g, w) in grad.iter().zip(&want_grad) {
+        assert!(
+            (g - w).abs() <= 1e-5,
+            "{}: gradient {grad:?}, reference {want_grad:?}",
+            device.name()
+        );
+    }
+}

@@ -22,9 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::backend::{
-    AdamWParams, Backend, BatchNormCoefParams, BinaryOp, Conv2dParams, Download, HostBytes, NnOp,
-    Op, OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, Timestamp, UnaryOp,
-    View,
+    AdamWParams, Backend, BatchNormCoefParams, BinaryOp, Conv2dParams, Download, HostBytes, Op,
+    OtherOp, Pool2dParams, ReduceOp, ScalerParams, SgdParams, Storage, Timestamp, UnaryOp, View,
 };
 use redline_tensor::{DType, Device, Layout, Result, TensorError};
 
@@ -176,12 +175,12 @@ impl WgpuBackend {
         Ok(self.wrap(buffer, dtype, out.storage_extent().max(out.numel())))
     }
 
-    /// A contiguous operand's buffer and first element (the coefficient ops' operands).
+    /// A contiguous operand's buffer and first element (the coefficient ops' operands, the
+    /// loss's targets).
     fn dense<'a>(&self, v: View<'a>) -> Result<kernels::norm::Operand<'a>> {
         if !v.layout.is_contiguous() {
             return Err(TensorError::Shape(format!(
-                "{}: batch norm's coefficient ops take contiguous operands, got shape {:?} \
-                 strides {:?}",
+                "{}: an operand that must be contiguous has shape {:?} and strides {:?}",
                 self.name(),
                 v.layout.shape(),
                 v.layout.strides()
@@ -284,11 +283,6 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // The fused cross-entropy is not written in WGSL yet: the front end composes it from
-        // the primitives here.
-        if op == Op::Nn(NnOp::CrossEntropy) {
-            return false;
-        }
         if self.float(dtype) {
             return true;
         }
@@ -706,6 +700,30 @@ impl Backend for WgpuBackend {
             kernels::optim::sgd(&self.ctx, dtype, pb, gb, m, found, &at, param.len(), p)?;
         }
         Ok(())
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: View<'_>,
+        targets: View<'_>,
+        smoothing: f64,
+        ignore_index: i64,
+        grad: bool,
+    ) -> Result<(Storage, Option<Storage>)> {
+        let (dtype, numel) = (logits.dtype(), logits.layout.numel());
+        let targets = self.dense(targets)?;
+        let (loss, g) = kernels::loss::cross_entropy(
+            &self.ctx,
+            &self.operand(logits)?,
+            targets,
+            smoothing,
+            ignore_index,
+            grad,
+        )?;
+        Ok((
+            self.wrap(loss, dtype, 1),
+            g.map(|g| self.wrap(g, dtype, numel)),
+        ))
     }
 
     fn sum_squares(&self, tensors: &[&Storage]) -> Result<Storage> {

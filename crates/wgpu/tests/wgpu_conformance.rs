@@ -50,12 +50,9 @@ fn wgpu_passes_the_conformance_suite() {
     );
     println!("{}", report.matrix());
     report.assert_passed();
-    // Every op is declared for f32 and f16 but the fused cross-entropy, not written in WGSL
-    // yet: on wgpu the front end composes it from the primitives.
+    // Every op is declared for f32 and f16.
     assert!(
-        report
-            .matrix()
-            .contains("undeclared f32/f16 pairs: cross_entropy/f32, cross_entropy/f16\n"),
+        report.matrix().contains("undeclared f32/f16 pairs: none\n"),
         "every other op must be declared for f32 and f16:\n{}",
         report.matrix()
     );
@@ -282,4 +279,11 @@ fn the_sum_of_squares_covers_many_workgroups_of_many_tensors() {
         .map(|&v| f64::from(v) * f64::from(v))
         .sum();
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn cross_entropy_without_ignore_index_keeps_every_sample() {
+    let Some((device, _)) = device() else { return };
+    redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(&device);
 }

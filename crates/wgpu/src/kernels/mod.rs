@@ -3,6 +3,7 @@
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
+pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod norm;
