@@ -164,9 +164,13 @@ impl MemoryPool {
                     o.held = false;
                 }
             }
-            (Some(Owned { graph: None, .. }), _) => {
+            (Some(Owned { graph: None, .. }), capturing) => {
                 state.owned.remove(&ptr.0);
-                state.free.entry(class).or_default().push(ptr);
+                match capturing {
+                    // The capture's ops may have used it: it joins that graph.
+                    Some(_) => self.to_capture(&mut state, ptr, class),
+                    None => state.free.entry(class).or_default().push(ptr),
+                }
             }
             (None, Some(_)) => self.to_capture(&mut state, ptr, class),
             (None, None) => state.free.entry(class).or_default().push(ptr),

@@ -132,3 +132,29 @@ fn graph_memory_stays_with_the_graph_until_it_drops() {
     drop(y);
     assert_eq!(memory.graph_bytes(), 0);
 }
+
+/// A block that outlived its graph and is freed during another capture — which may have read
+/// it — belongs to the new graph: eager tensors made afterwards never get it.
+#[test]
+fn a_block_freed_during_a_capture_joins_that_graph_whatever_owned_it_before() {
+    let device = device();
+    let x = Tensor::full(1.0, &[256], DType::F32, &device).unwrap();
+    let (first, y) = device.capture(|| x.mul_scalar(2.0)).unwrap();
+    first.replay().unwrap();
+    drop(first); // y's block: its graph is gone, y still holds it
+    let (second, z) = device
+        .capture(move || {
+            let z = y.add_scalar(1.0)?;
+            drop(y); // freed while capturing; the graph's op reads it at every replay
+            Ok(z)
+        })
+        .unwrap();
+    let eager: Vec<Tensor> = (0..4)
+        .map(|_| Tensor::full(-5.0, &[256], DType::F32, &device).unwrap())
+        .collect();
+    second.replay().unwrap();
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![3.0; 256]);
+    for e in &eager {
+        assert_eq!(e.to_vec::<f32>().unwrap(), vec![-5.0; 256]);
+    }
+}

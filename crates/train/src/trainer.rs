@@ -92,8 +92,8 @@ pub const GRAPH_WARMUP_STEPS: usize = 2;
 /// Where graph replay stands.
 enum Graphing {
     Off,
-    /// Capture once the warm-up is done.
-    Waiting,
+    /// Capture once this many more eager steps have run (the warm-up).
+    Waiting(usize),
     Active {
         graph: Graph,
         /// The captured loss: each replay rewrites it.
@@ -213,7 +213,7 @@ impl Trainer {
     /// capture, a batch of another shape, and data parallelism (its bucket collectives run on
     /// another thread) run eagerly, counted in [`Trainer::graph_stats`] with the reason.
     pub fn with_graph(mut self) -> Self {
-        self.graph = Graphing::Waiting;
+        self.graph = Graphing::Waiting(GRAPH_WARMUP_STEPS);
         self.graph_stats.requested = true;
         self
     }
@@ -562,15 +562,22 @@ impl Trainer {
     /// How this step runs under graph replay (and the bookkeeping of eager steps).
     fn graph_turn(&mut self, staged: &StagedBatch) -> GraphTurn {
         let shape = staged.images.shape().to_vec();
+        // The warm-up counts this process's steps, not the schedule's (a resumed run warms up
+        // too).
+        if let Graphing::Waiting(left) = &mut self.graph {
+            if *left > 0 {
+                *left -= 1;
+                return GraphTurn::Eager;
+            }
+        }
         let (turn, reason) = match &self.graph {
             Graphing::Off => return GraphTurn::Eager,
-            Graphing::Waiting if self.steps < GRAPH_WARMUP_STEPS => return GraphTurn::Eager,
-            Graphing::Waiting if self.data_parallel.is_some() => {
+            Graphing::Waiting(_) if self.data_parallel.is_some() => {
                 self.graph = Graphing::Refused;
                 let why = "data parallelism: its bucket collectives run on another thread";
                 (GraphTurn::Eager, Some(why.to_string()))
             }
-            Graphing::Waiting => return GraphTurn::Capture,
+            Graphing::Waiting(_) => return GraphTurn::Capture,
             Graphing::Active { shape: s, .. } if *s == shape => return GraphTurn::Replay,
             Graphing::Active { shape: s, .. } => {
                 let why = format!("a batch of shape {shape:?}; the graph was captured for {s:?}");
