@@ -617,6 +617,39 @@ impl Gpu for CudaDriver {
             .map_err(|e| self.error("waiting for an event", e))
     }
 
+    fn upload_owned_after(
+        &self,
+        dst: DevicePtr,
+        bytes: HostBytes,
+        after: &GpuEvent,
+    ) -> Result<Option<GpuEvent>> {
+        self.not_capturing("a copy from host memory")?;
+        let pinned = matches!(&bytes, HostBytes::Pooled(buffer, _) if buffer.is_pinned());
+        if !pinned {
+            // From pageable memory the copy is staged synchronously anyway: in stream order.
+            self.upload_owned(dst, bytes)?;
+            return self.record_event();
+        }
+        self.bind()?;
+        let copies = self.copy_stream()?;
+        copies
+            .wait(after)
+            .map_err(|e| self.error("ordering an upload after an event", e))?;
+        // SAFETY: `dst` holds at least `bytes.len()` bytes; the pinned source is kept alive
+        // (below) until the copy's event has completed.
+        unsafe { result::memcpy_htod_async(dst.0, &bytes, copies.cu_stream()) }
+            .map_err(|e| self.error("upload", e))?;
+        self.in_flight
+            .keep(copies, bytes)
+            .map_err(|e| self.error("upload event", e))?;
+        let event = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .and_then(|e| e.record(copies).map(|()| e))
+            .map_err(|e| self.error("recording an upload's event", e))?;
+        Ok(Some(Arc::new(event)))
+    }
+
     fn download_after(&self, src: DevicePtr, len: usize, after: &GpuEvent) -> Result<Download> {
         self.bind()?;
         self.not_capturing("a download")?;

@@ -84,6 +84,20 @@ pub trait Gpu: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// [`Gpu::upload_owned`] on the copy stream after `after` (pinned bytes; pageable ones are
+    /// copied in stream order), returning the event the copy is complete at; `None` where
+    /// copies finish when enqueued (the emulator).
+    fn upload_owned_after(
+        &self,
+        dst: DevicePtr,
+        bytes: HostBytes,
+        after: &GpuEvent,
+    ) -> Result<Option<GpuEvent>> {
+        let _ = after;
+        self.upload_owned(dst, bytes)?;
+        self.record_event()
+    }
+
     /// Launches enqueued after this wait on the device for `event` (which may have been
     /// recorded on another stream).
     fn wait_event(&self, event: &GpuEvent) -> Result<()> {

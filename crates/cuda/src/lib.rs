@@ -411,6 +411,26 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn upload_into_after(&self, dst: &Storage, bytes: HostBytes, after: &Event) -> Result<Event> {
+        let _range = nvtx::range("upload_into_after");
+        let Some(after) = self.event(after)? else {
+            self.upload_into(dst, bytes)?;
+            return self.record_event();
+        };
+        redline_tensor::backend::check_upload_into(self.name(), dst, &bytes)?;
+        if bytes.is_empty() {
+            return Ok(Event::reached());
+        }
+        self.transfers.uploads.fetch_add(1, Ordering::Relaxed);
+        let done = self
+            .gpu
+            .upload_owned_after(self.buffer(dst)?.ptr, bytes, after)?;
+        Ok(match done {
+            Some(event) => Event::new(self.id, event),
+            None => Event::reached(),
+        })
+    }
+
     fn download_after(&self, x: View<'_>, after: &Event) -> Result<Download> {
         let _range = nvtx::range("download_after");
         let (Some(event), true) = (self.event(after)?, x.layout.is_contiguous()) else {

@@ -721,6 +721,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
         self.copy_into(dst, &layout, view)
     }
 
+    /// [`upload_into`](Self::upload_into) ordered after `after` only (the caller's word that
+    /// no op enqueued since touches `dst`), returning the event the copy is complete at, for
+    /// [`wait_event`](Self::wait_event) before `dst` is used again: the next batch's copy can
+    /// run while this step computes (CUDA: on the copy stream). The default copies in order
+    /// and returns the point after it.
+    fn upload_into_after(&self, dst: &Storage, bytes: HostBytes, after: &Event) -> Result<Event> {
+        let _ = after;
+        self.upload_into(dst, bytes)?;
+        self.record_event()
+    }
+
     /// The view's elements in row-major order as little-endian bytes. Waits for pending work.
     fn download(&self, x: View<'_>) -> Result<Vec<u8>>;
 

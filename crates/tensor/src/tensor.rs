@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use crate::autograd::{self, BackwardFn, Node};
-use crate::backend::{Backend, Download, HostBytes, Op, OtherOp, Storage, View};
+use crate::backend::{Backend, Download, Event, HostBytes, Op, OtherOp, Storage, View};
 use crate::device::Device;
 use crate::dtype::{self, DType, Element};
 use crate::error::{Result, TensorError};
@@ -95,16 +95,32 @@ impl Tensor {
     /// an upload, `full` or an op, not a view into another); `bytes` must hold exactly its
     /// elements. Ordered like an op; the device owns `bytes` until the copy has completed.
     pub fn copy_from_host(&self, bytes: HostBytes) -> Result<()> {
+        self.check_whole("copy_from_host")?;
+        self.backend().upload_into(self.storage(), bytes)
+    }
+
+    /// [`copy_from_host`](Self::copy_from_host) ordered after `after` only — the point after
+    /// the last op that reads or writes this tensor — instead of after every op so far (CUDA:
+    /// on the copy stream, overlapping the compute queued since). Returns the event the copy
+    /// is complete at: make the device wait for it ([`Device::wait_event`](crate::Device))
+    /// before the next op that uses the tensor, and enqueue none in between.
+    pub fn copy_from_host_after(&self, bytes: HostBytes, after: &Event) -> Result<Event> {
+        self.check_whole("copy_from_host_after")?;
+        self.backend()
+            .upload_into_after(self.storage(), bytes, after)
+    }
+
+    fn check_whole(&self, what: &str) -> Result<()> {
         let dense = self.layout().is_contiguous() && self.storage().len() == self.numel();
         if !dense {
             return Err(TensorError::shape(format!(
-                "copy_from_host into a view ({:?} of a {}-element storage): only a whole dense \
-                 tensor can be overwritten from the host",
+                "{what} into a view ({:?} of a {}-element storage): only a whole dense tensor \
+                 can be overwritten from the host",
                 self.shape(),
                 self.storage().len()
             )));
         }
-        self.backend().upload_into(self.storage(), bytes)
+        Ok(())
     }
 
     /// [`copy_from_host`](Self::copy_from_host) from values rounded to this tensor's dtype.

@@ -1,6 +1,7 @@
 //! The event contract ([`Device::record_event`], [`Backend::download_after`],
-//! [`Device::wait_event`]), checked the same way on every backend: what a gradient bucket's
-//! journey to a collective relies on.
+//! [`Device::wait_event`], [`Tensor::copy_from_host_after`]), checked the same way on every
+//! backend: what a gradient bucket's journey to a collective, and a batch's to the device,
+//! rely on.
 //!
 //! [`Backend::download_after`]: redline_tensor::Backend::download_after
 
@@ -73,6 +74,29 @@ pub fn check_events(device: &Device) -> Result<(), String> {
             Err(e) => return Err(format!("a foreign event refused without saying so: {e}")),
             Ok(()) => return Err(format!("{} waited for a foreign event", device.name())),
         }
+    }
+    // A copy ordered after the last op that read the tensor: that op saw the old values, the
+    // ops after the copy's event the new ones.
+    let read_old = x.mul_scalar(2.0).map_err(|e| fail("mul", e))?;
+    let last_read = device.record_event().map_err(|e| fail("record_event", e))?;
+    let fresh: Vec<f32> = values.iter().map(|v| v + 100.0).collect();
+    let bytes = redline_tensor::dtype::to_bytes(&fresh);
+    let copied = x
+        .copy_from_host_after(redline_tensor::HostBytes::Owned(bytes), &last_read)
+        .map_err(|e| fail("copy_from_host_after", e))?;
+    device
+        .wait_event(&copied)
+        .map_err(|e| fail("wait_event(copy)", e))?;
+    let read_new = x.mul_scalar(2.0).map_err(|e| fail("mul", e))?;
+    let (old, new) = (read_old.to_vec::<f32>(), read_new.to_vec::<f32>());
+    let (Ok(old), Ok(new)) = (old, new) else {
+        return Err(format!("{}: reading around a copy failed", device.name()));
+    };
+    if old != want || new != fresh.iter().map(|v| v * 2.0).collect::<Vec<f32>>() {
+        return Err(format!(
+            "{}: copy_from_host_after is not ordered between the ops around it",
+            device.name()
+        ));
     }
     later
         .to_vec::<f32>()

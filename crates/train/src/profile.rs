@@ -558,6 +558,15 @@ impl Backend for OpProfile {
     fn wait_event(&self, event: &redline_tensor::Event) -> Result<()> {
         self.inner.backend().wait_event(event)
     }
+    fn upload_into_after(
+        &self,
+        dst: &Storage,
+        bytes: HostBytes,
+        after: &redline_tensor::Event,
+    ) -> Result<redline_tensor::Event> {
+        let f = |b: &dyn Backend| b.upload_into_after(dst, bytes, after);
+        self.timed(Transfer, || "upload_into_after".into(), 0, f)
+    }
     fn download_after(&self, x: View<'_>, after: &redline_tensor::Event) -> Result<Download> {
         let f = |b: &dyn Backend| b.download_after(x, after);
         self.timed(Transfer, || "download_after".into(), 0, f)

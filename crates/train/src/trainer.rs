@@ -10,7 +10,7 @@ use redline_loader::{Batch, LoaderError, Mode, Position};
 use redline_nn::{
     clip_grad_norm, named_parameters, state_dict, zero_grad, Kind, Module, Optimizer, Schedule,
 };
-use redline_tensor::{no_grad, BinaryOp, DType, Device, Graph, HostBytes, Op, Tensor};
+use redline_tensor::{no_grad, BinaryOp, DType, Device, Event, Graph, HostBytes, Op, Tensor};
 
 use crate::checkpoint::{self, Progress};
 use crate::metrics::{top_k_correct, Evaluation};
@@ -164,6 +164,9 @@ impl StagedBatch {
 struct Staged {
     images: Tensor,
     labels: Tensor,
+    /// The point after the last op that read `images` (the input op): the next batch's copy
+    /// waits for it alone, so it can run while the rest of that step computes.
+    read: Option<Event>,
 }
 
 impl Trainer {
@@ -400,7 +403,11 @@ impl Trainer {
     /// and the i64 labels, the pixels and labels copied into the trainer's static buffers. The
     /// pooled buffer goes with the copy and returns to the loader's pool when it is done.
     pub fn upload(&self, batch: Batch) -> Result<Inputs> {
-        self.stage(batch)?.normalized(self.config.precision)
+        let staged = self.stage(batch)?;
+        let images = staged.images.clone();
+        let inputs = staged.normalized(self.config.precision)?;
+        self.images_read(&images)?;
+        Ok(inputs)
     }
 
     /// The batch's pixels and labels copied into the static buffers (no op on them yet).
@@ -408,8 +415,13 @@ impl Trainer {
         let (n, res) = (batch.len, batch.res);
         let labels: Vec<i64> = batch.labels().collect();
         let pixels = n * res * res * 3;
-        let (images, y) = self.staged(n, res)?;
-        images.copy_from_host(HostBytes::Pooled(batch.into_buffer(), pixels))?;
+        let (images, y, read) = self.staged(n, res)?;
+        // On CUDA the pixels travel on the copy stream, behind the last step's input op only;
+        // the compute stream waits for the copy on the device.
+        let after = read.unwrap_or_else(Event::reached);
+        let copied =
+            images.copy_from_host_after(HostBytes::Pooled(batch.into_buffer(), pixels), &after)?;
+        self.device.wait_event(&copied)?;
         let label_bytes = labels.iter().flat_map(|l| l.to_le_bytes()).collect();
         y.copy_from_host(HostBytes::Owned(label_bytes))?;
         // Samples the loader skipped carry -1. A device that compares i64 always masks them,
@@ -427,21 +439,38 @@ impl Trainer {
     /// The static input buffers for a batch of `n` images of `res`², made on the first batch
     /// of that shape and kept: a captured step reads the full batches' buffers at their
     /// addresses however many partial batches (or other resolutions) ran in between.
-    fn staged(&self, n: usize, res: usize) -> Result<(Tensor, Tensor)> {
+    /// Also hands over the event after the last read of the images (taken: the caller's copy
+    /// replaces it).
+    fn staged(&self, n: usize, res: usize) -> Result<(Tensor, Tensor, Option<Event>)> {
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         let shape = [n, res, res, 3];
-        let found = staged.iter().find(|s| s.images.shape() == shape);
+        let found = staged.iter_mut().find(|s| s.images.shape() == shape);
         let s = match found {
             Some(s) => s,
             None => {
                 staged.push(Staged {
                     images: Tensor::zeros(&shape, DType::U8, &self.device)?,
                     labels: Tensor::zeros(&[n], DType::I64, &self.device)?,
+                    read: None,
                 });
-                staged.last().ok_or(TrainError::NoData)?
+                staged.last_mut().ok_or(TrainError::NoData)?
             }
         };
-        Ok((s.images.clone(), s.labels.clone()))
+        Ok((s.images.clone(), s.labels.clone(), s.read.take()))
+    }
+
+    /// Marks the point after the input op that read `images` (the next copy into them waits
+    /// for it).
+    fn images_read(&self, images: &Tensor) -> Result<()> {
+        let event = self.device.record_event()?;
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = staged
+            .iter_mut()
+            .find(|s| s.images.shape() == images.shape())
+        {
+            s.read = Some(event);
+        }
+        Ok(())
     }
 
     /// The logits (in f32) under the precision's autocast scope.
@@ -519,7 +548,9 @@ impl Trainer {
         let staged = self.stage(batch)?;
         let loss = match self.graph_turn(&staged) {
             GraphTurn::Eager => {
+                let images = staged.images.clone();
                 let inputs = staged.normalized(self.config.precision)?;
+                self.images_read(&images)?;
                 clock.lap(Phase::HostToDevice)?;
                 let loss = self.forward(&inputs)?;
                 clock.lap(Phase::Forward)?;
@@ -532,7 +563,9 @@ impl Trainer {
             turn => {
                 clock.lap(Phase::HostToDevice)?;
                 // One graph: its time is the forward phase's; backward and optimizer are in it.
+                let images = staged.images.clone();
                 let loss = self.graph_step(turn, staged)?;
+                self.images_read(&images)?;
                 clock.lap(Phase::Forward)?;
                 clock.lap(Phase::Backward)?;
                 clock.lap(Phase::Optimizer)?;
