@@ -53,6 +53,9 @@ pub struct TrainArgs {
     /// With --nproc: batch norm statistics over every process's batch (synchronised).
     #[arg(long)]
     sync_bn: bool,
+    /// Replay the training step as a captured CUDA graph after a warm-up.
+    #[arg(long)]
+    graph: bool,
     /// The port rank 0 serves the rendezvous on (with --nproc).
     #[arg(long, default_value_t = 29500)]
     master_port: u16,
@@ -101,6 +104,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
     if args.sync_bn {
         flags.push("--sync-bn".into());
+    }
+    if args.graph {
+        flags.push("--graph".into());
     }
     if args.nproc <= 1 {
         let mut cmd = run::cargo();

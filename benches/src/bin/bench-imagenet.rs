@@ -325,6 +325,7 @@ fn graph_json(stats: &redline_train::GraphStats) -> serde_json::Value {
         "active": stats.replays > 0,
         "nodes": stats.nodes,
         "replays": stats.replays,
+        "captures": stats.captures,
         "eager_steps_after_warmup": stats.eager_steps,
         "eager_reason": stats.eager_reason,
         "phases": "under a graph the forward phase holds the whole replayed step (forward, \

@@ -114,6 +114,9 @@ pub struct GraphStats {
     pub nodes: usize,
     /// Steps run by replaying the graph (the captured step's own first run included).
     pub replays: u64,
+    /// Captures: one, plus one per change of resolution (the old graph and its memory are
+    /// dropped, a new one captured after a warm-up at the new size).
+    pub captures: u64,
     /// Steps run eagerly after the warm-up, and why (no capture on this device, a batch of
     /// another shape than the captured one, data parallelism).
     pub eager_steps: u64,
@@ -212,9 +215,11 @@ impl Trainer {
     /// hundreds) once [`GRAPH_WARMUP_STEPS`] eager steps have run: the step after the warm-up
     /// is captured — the input op, forward, loss, backward, unscale and clip, optimizer and
     /// scale update — and every later step of that batch shape copies its batch into the
-    /// static input buffers, writes the learning rate and replays it. A device that cannot
-    /// capture, a batch of another shape, and data parallelism (its bucket collectives run on
-    /// another thread) run eagerly, counted in [`Trainer::graph_stats`] with the reason.
+    /// static input buffers, writes the learning rate and replays it. A new resolution at the
+    /// same batch size (progressive resizing) drops the graph and captures again after a
+    /// warm-up; a batch of another size (the last, partial one), a device that cannot capture
+    /// and data parallelism (its bucket collectives run on another thread) run eagerly,
+    /// counted in [`Trainer::graph_stats`] with the reason.
     pub fn with_graph(mut self) -> Self {
         self.graph = Graphing::Waiting(GRAPH_WARMUP_STEPS);
         self.graph_stats.requested = true;
@@ -612,6 +617,12 @@ impl Trainer {
             }
             Graphing::Waiting(_) => return GraphTurn::Capture,
             Graphing::Active { shape: s, .. } if *s == shape => return GraphTurn::Replay,
+            // A new resolution at the same batch size (progressive resizing): one graph at a
+            // time — drop this one and its memory, warm up and capture at the new size.
+            Graphing::Active { shape: s, .. } if s[0] == shape[0] => {
+                self.graph = Graphing::Waiting(GRAPH_WARMUP_STEPS - 1);
+                return GraphTurn::Eager;
+            }
             Graphing::Active { shape: s, .. } => {
                 let why = format!("a batch of shape {shape:?}; the graph was captured for {s:?}");
                 (GraphTurn::Eager, Some(why))
@@ -662,6 +673,7 @@ impl Trainer {
         graph.replay()?;
         self.graph_stats.nodes = graph.nodes();
         self.graph_stats.replays += 1;
+        self.graph_stats.captures += 1;
         let copy = no_grad(|| loss.detach().add_scalar(0.0))?;
         self.graph = Graphing::Active {
             graph,

@@ -543,3 +543,49 @@ fn a_replayed_graph_trains_exactly_as_eager_steps_and_other_shapes_run_eagerly()
         .unwrap()
         .contains("cannot capture graphs"));
 }
+
+#[test]
+fn a_new_resolution_drops_the_graph_and_captures_again_after_a_warm_up() {
+    // Progressive resizing at one batch size: 5 steps at 32 px, then 5 at 24 px. Each size
+    // warms up 2 steps, is captured on the third and replayed after; the run equals eager
+    // steps bit for bit (emulated CUDA).
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 48);
+    let device = Device::new(Arc::new(redline_cuda::CudaBackend::emulated().unwrap()));
+    let run = |graph: bool| {
+        let model = small_cnn(&device);
+        let sgd = Sgd::new(decay_groups(&model, 5e-5), 0.9, 0.0, true).unwrap();
+        let config = TrainConfig {
+            precision: Precision::Fp32,
+            label_smoothing: 0.1,
+            clip_norm: None,
+            base_lr: 0.1,
+            schedule: Schedule::one_cycle(10),
+        };
+        let mut trainer =
+            Trainer::new(Box::new(model), Box::new(sgd), config, device.clone()).unwrap();
+        if graph {
+            trainer = trainer.with_graph();
+        }
+        let mut losses = Vec::new();
+        for res in [32, 24] {
+            let config = Config::new(8, res, true);
+            let mut batches = Loader::new(train.clone(), config, Position::default()).unwrap();
+            for _ in 0..5 {
+                let step = trainer.train_step(&mut batches).unwrap();
+                losses.push(step.loss.item().unwrap() as f32);
+            }
+        }
+        let stats = trainer.graph_stats().clone();
+        (losses, bits(trainer.checkpoint_tensors()), stats)
+    };
+    let (eager_losses, eager_state, _) = run(false);
+    let (losses, state, stats) = run(true);
+    assert_eq!(losses, eager_losses);
+    assert_eq!(state, eager_state);
+    assert_eq!(
+        (stats.captures, stats.replays, stats.eager_steps),
+        (2, 6, 0),
+        "{stats:?}"
+    );
+}

@@ -101,6 +101,11 @@ struct Cli {
     /// norm) instead of each process's own.
     #[arg(long)]
     sync_bn: bool,
+    /// Replay the training step as a captured CUDA graph after a warm-up (one launch a step;
+    /// captured again when progressive resizing changes the resolution). Elsewhere the steps
+    /// run eagerly and the report's `graph` says why.
+    #[arg(long)]
+    graph: bool,
 }
 
 fn open(dir: &Path) -> Res<Arc<ShardSet>> {
@@ -189,6 +194,9 @@ fn run() -> Res<()> {
         schedule: Schedule::one_cycle(total),
     };
     let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), recipe, device.clone())?;
+    if cli.graph {
+        trainer = trainer.with_graph();
+    }
     if world > 1 {
         let collective =
             redline_dist::connect_device(&launch, &device, redline_dist::timeout_from_env()?)?;
@@ -315,6 +323,12 @@ fn run() -> Res<()> {
         "batch": batch, "epochs": epochs, "lr": lr, "resolution": res, "min_resolution": min_res,
         "final_val_top1": last["val_top1"], "final_val_top5": last["val_top5"],
         "seconds": started.elapsed().as_secs_f64(), "history": history,
+        "graph": {
+            "requested": cli.graph, "captures": trainer.graph_stats().captures,
+            "replays": trainer.graph_stats().replays, "nodes": trainer.graph_stats().nodes,
+            "eager_steps_after_warmup": trainer.graph_stats().eager_steps,
+            "eager_reason": trainer.graph_stats().eager_reason,
+        },
     });
     if !lead {
         return Ok(());
