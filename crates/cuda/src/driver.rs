@@ -285,6 +285,16 @@ impl CudaDriver {
         }
     }
 
+    /// An event recorded on `stream` after everything enqueued there so far.
+    fn event_on(&self, stream: &Arc<CudaStream>) -> Result<GpuEvent> {
+        let event = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .and_then(|e| e.record(stream).map(|()| e))
+            .map_err(|e| self.error("recording an event", e))?;
+        Ok(Arc::new(event))
+    }
+
     /// The copy stream, created on first use.
     fn copy_stream(&self) -> Result<&Arc<CudaStream>> {
         if let Some(s) = self.copy_stream.get() {
@@ -602,12 +612,7 @@ impl Gpu for CudaDriver {
 
     fn record_event(&self) -> Result<Option<GpuEvent>> {
         self.bind()?;
-        let event = self
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .and_then(|e| e.record(&self.stream).map(|()| e))
-            .map_err(|e| self.error("recording an event", e))?;
-        Ok(Some(Arc::new(event)))
+        self.event_on(&self.stream).map(Some)
     }
 
     fn wait_event(&self, event: &GpuEvent) -> Result<()> {
@@ -642,12 +647,7 @@ impl Gpu for CudaDriver {
         self.in_flight
             .keep(copies, bytes)
             .map_err(|e| self.error("upload event", e))?;
-        let event = self
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .and_then(|e| e.record(copies).map(|()| e))
-            .map_err(|e| self.error("recording an upload's event", e))?;
-        Ok(Some(Arc::new(event)))
+        self.event_on(copies).map(Some)
     }
 
     fn download_after(&self, src: DevicePtr, len: usize, after: &GpuEvent) -> Result<Download> {

@@ -636,6 +636,15 @@ impl Trainer {
         turn
     }
 
+    /// The input op, forward, backward and update, without phase laps: what a graph holds.
+    fn whole_step(&mut self, staged: StagedBatch) -> Result<Tensor> {
+        let inputs = staged.normalized(self.config.precision)?;
+        let loss = self.forward(&inputs)?;
+        self.backward(&loss)?;
+        self.update()?;
+        Ok(loss)
+    }
+
     /// A step as a graph: captured now (then run by replaying it once) or replayed. A device
     /// that cannot capture says so before anything is recorded, and the step runs eagerly.
     fn graph_step(&mut self, turn: GraphTurn, staged: StagedBatch) -> Result<Tensor> {
@@ -655,19 +664,9 @@ impl Trainer {
             self.graph = Graphing::Refused;
             self.graph_stats.eager_steps += 1;
             self.graph_stats.eager_reason = Some(e.to_string());
-            let inputs = staged.normalized(self.config.precision)?;
-            let loss = self.forward(&inputs)?;
-            self.backward(&loss)?;
-            self.update()?;
-            return Ok(loss);
+            return self.whole_step(staged);
         }
-        let captured = (|| -> Result<Tensor> {
-            let inputs = staged.normalized(self.config.precision)?;
-            let loss = self.forward(&inputs)?;
-            self.backward(&loss)?;
-            self.update()?;
-            Ok(loss)
-        })();
+        let captured = self.whole_step(staged);
         let graph = self.device.backend().end_capture();
         let (loss, graph) = (captured?, graph?);
         graph.replay()?;
