@@ -130,17 +130,21 @@ pub fn ahead_of_time_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// The run-time compile cache for one NVRTC version.
-pub fn cache_dir(nvrtc_version: (i32, i32)) -> Option<PathBuf> {
-    let root = std::env::var_os("REDLINE_CUDA_CACHE")
+/// Where the CUDA backend keeps what it worked out once (compiled kernels, measured cuDNN
+/// algorithms): `REDLINE_CUDA_CACHE`, else `$XDG_CACHE_HOME/redline/cuda`, else
+/// `~/.cache/redline/cuda`.
+pub fn cache_root() -> Option<PathBuf> {
+    std::env::var_os("REDLINE_CUDA_CACHE")
         .map(PathBuf::from)
         .or_else(|| {
             std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("redline/cuda"))
         })
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/redline/cuda"))
-        })?;
-    Some(root.join(format!("nvrtc-{}.{}", nvrtc_version.0, nvrtc_version.1)))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/redline/cuda")))
+}
+
+/// The run-time compile cache for one NVRTC version.
+pub fn cache_dir(nvrtc_version: (i32, i32)) -> Option<PathBuf> {
+    Some(cache_root()?.join(format!("nvrtc-{}.{}", nvrtc_version.0, nvrtc_version.1)))
 }
 
 /// Where a family's CUBIN came from.

@@ -1,5 +1,12 @@
 //! cuDNN runs a [`ConvPlan`] on the driver's stream: the classic convolution API, one set of
-//! descriptors and one algorithm per plan, chosen once by cuDNN's heuristic (`_v7`) and cached.
+//! descriptors and one algorithm per plan, chosen once per process and kept.
+//!
+//! Choosing: by default cuDNN's Find times every algorithm of the plan on the device and the
+//! fastest acceptable one is taken and saved in the on-disk [`AlgorithmCache`], so later runs
+//! read it instead of searching (`torch.backends.cudnn.benchmark`, but kept across runs). A
+//! plan first met while a graph is captured (Find allocates and synchronises, which a capture
+//! cannot hold), a failed search, and `REDLINE_CUDNN_FIND=0` take cuDNN's heuristic ranking
+//! (`_v7`) instead, unmeasured.
 //!
 //! Math: f32 is true f32 (`CUDNN_FMA_MATH`; cuDNN's default would allow TF32), f16 and bf16
 //! use tensor cores and accumulate in f32. Deterministic mode (`REDLINE_CUDA_DETERMINISTIC=1`,
@@ -16,6 +23,7 @@ use std::sync::Arc;
 use cudarc::cudnn::{result, sys};
 use redline_tensor::DType;
 
+use crate::algorithms::{self, AlgorithmCache, Choice};
 use crate::convolution::{ConvPlan, Direction, FilterFormat};
 use crate::gpu::DevicePtr;
 use crate::libs::{self, LibReport};
@@ -36,11 +44,77 @@ const PARTS: [&str; 7] = [
 ];
 
 /// The algorithm chosen for a plan, in its direction's enum.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Algo {
     Forward(sys::cudnnConvolutionFwdAlgo_t),
     InputGrad(sys::cudnnConvolutionBwdDataAlgo_t),
     WeightGrad(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+/// Every algorithm of each direction and every math type, to read cached names back into
+/// cuDNN's enums (never by transmuting a number from a file).
+mod names {
+    use cudarc::cudnn::sys::{
+        cudnnConvolutionBwdDataAlgo_t as D, cudnnConvolutionBwdFilterAlgo_t as W,
+        cudnnConvolutionFwdAlgo_t as F, cudnnMathType_t as M,
+    };
+    pub const FORWARD: [F; 8] = [
+        F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+    ];
+    pub const INPUT_GRAD: [D; 6] = [
+        D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+        D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+        D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
+        D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+        D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
+        D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+    ];
+    pub const WEIGHT_GRAD: [W; 7] = [
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+    ];
+    pub const MATH: [M; 4] = [
+        M::CUDNN_DEFAULT_MATH,
+        M::CUDNN_TENSOR_OP_MATH,
+        M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+        M::CUDNN_FMA_MATH,
+    ];
+
+    /// The member of `all` whose name is `name`.
+    pub fn lookup<T: Copy + std::fmt::Debug>(all: &[T], name: &str) -> Option<T> {
+        all.iter().copied().find(|v| format!("{v:?}") == name)
+    }
+}
+
+impl Algo {
+    fn name(self) -> String {
+        match self {
+            Algo::Forward(a) => format!("{a:?}"),
+            Algo::InputGrad(a) => format!("{a:?}"),
+            Algo::WeightGrad(a) => format!("{a:?}"),
+        }
+    }
+
+    /// The algorithm named `name` in `direction`'s enum.
+    fn named(direction: Direction, name: &str) -> Option<Self> {
+        match direction {
+            Direction::Forward => names::lookup(&names::FORWARD, name).map(Algo::Forward),
+            Direction::InputGrad => names::lookup(&names::INPUT_GRAD, name).map(Algo::InputGrad),
+            Direction::WeightGrad => names::lookup(&names::WEIGHT_GRAD, name).map(Algo::WeightGrad),
+        }
+    }
 }
 
 /// Descriptors, algorithm and workspace size for one plan, made once.
@@ -74,8 +148,18 @@ pub struct Cudnn {
     handle: sys::cudnnHandle_t,
     pub report: LibReport,
     deterministic: bool,
+    /// Measured choices (cuDNN's Find, kept on disk), or `None` to take the heuristic's.
+    measured: Option<AlgorithmCache>,
     /// Each plan's descriptors, or why cuDNN refused it (then our kernels run it).
     plans: PlanCache<ConvPlan, Prepared>,
+}
+
+/// Where measured algorithm choices are kept, when they are measured at all.
+pub enum Choosing {
+    /// cuDNN's heuristic ranking, nothing measured.
+    Heuristic,
+    /// cuDNN's Find, saved per device: its name and architecture (`sm_90`) name the file.
+    Measure { device: String, arch: String },
 }
 
 // SAFETY: the handle is used under the driver's stream order; the cache is behind a mutex.
@@ -117,6 +201,7 @@ impl Cudnn {
     pub fn load(
         stream: cudarc::driver::sys::CUstream,
         deterministic: bool,
+        choosing: Choosing,
     ) -> Result<Self, String> {
         let main = libs::find("libcudnn.so.9").map_err(|e| e.to_string())?;
         let dir = main.parent().map(|d| d.to_path_buf()).unwrap_or_default();
@@ -134,13 +219,23 @@ impl Cudnn {
             .map_err(|e| status("set stream", e))?;
         let v = result::get_version();
         libs::check_single_copy(&main, "libcudnn.so")?;
+        let version = format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+        let measured = match choosing {
+            Choosing::Heuristic => None,
+            Choosing::Measure { device, arch } => {
+                let file = crate::compile::cache_root()
+                    .map(|root| algorithms::file_for(&root, &device, &arch, &version));
+                Some(AlgorithmCache::open(file))
+            }
+        };
         Ok(Self {
             handle,
             report: LibReport {
                 path: main,
-                version: format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100),
+                version,
             },
             deterministic,
+            measured,
             plans: PlanCache::default(),
         })
     }
@@ -150,12 +245,23 @@ impl Cudnn {
         self.plans.refusals()
     }
 
-    /// The plan's descriptors and algorithm (made on first use), or why cuDNN refuses it.
-    fn prepared(&self, plan: &ConvPlan) -> Result<Arc<Prepared>, String> {
-        self.plans.get_or_prepare(plan, || self.prepare(plan))
+    /// How algorithms are chosen, for the device report.
+    pub fn choosing(&self) -> String {
+        match &self.measured {
+            Some(cache) => format!("measured by cuDNN's Find: {}", cache.describe()),
+            None => "cuDNN's heuristic ranking (REDLINE_CUDNN_FIND=0)".into(),
+        }
     }
 
-    fn prepare(&self, plan: &ConvPlan) -> Result<Prepared, String> {
+    /// The plan's descriptors and algorithm (made on first use), or why cuDNN refuses it.
+    /// `may_measure` is false while a graph is captured: an algorithm not yet measured or
+    /// cached is then the heuristic's.
+    fn prepared(&self, plan: &ConvPlan, may_measure: bool) -> Result<Arc<Prepared>, String> {
+        self.plans
+            .get_or_prepare(plan, || self.prepare(plan, may_measure))
+    }
+
+    fn prepare(&self, plan: &ConvPlan, may_measure: bool) -> Result<Prepared, String> {
         let dt =
             data_type(plan.dtype).ok_or_else(|| format!("no cuDNN type for {:?}", plan.dtype))?;
         let tensor = |t: &crate::convolution::TensorDesc| -> Result<_, String> {
@@ -208,7 +314,7 @@ impl Cudnn {
             ),
             workspace: 0,
         };
-        let (algo, math, workspace) = self.choose(plan, &prepared)?;
+        let (algo, math, workspace) = self.choose(plan, &prepared, may_measure)?;
         // SAFETY: the descriptor made above; the math type cuDNN reported for the algorithm.
         unsafe { result::set_convolution_math_type(conv, math) }
             .map_err(|e| status("math type", e))?;
@@ -217,22 +323,130 @@ impl Cudnn {
         Ok(prepared)
     }
 
-    /// cuDNN's ranked candidates for the plan's direction; the first acceptable one.
+    /// The plan's algorithm, math type and workspace: cached, else measured (cuDNN's Find)
+    /// and cached, else cuDNN's heuristic ranking; the first acceptable candidate.
     fn choose(
         &self,
         plan: &ConvPlan,
         p: &Prepared,
+        may_measure: bool,
     ) -> Result<(Algo, sys::cudnnMathType_t, usize), String> {
+        let key = algorithms::key(plan, self.deterministic);
+        let cache = self.measured.as_ref();
+        if let Some(found) = cache
+            .and_then(|c| c.get(&key))
+            .and_then(|choice| self.cached(plan, p, &choice))
+        {
+            return Ok(found);
+        }
+        let measure = cache.is_some() && may_measure;
+        // A search that fails (a symbol missing, memory for its trials) falls back to the
+        // heuristic; the plan still runs.
+        let ranked = match measure {
+            true => self.ranked(plan, p, true).ok(),
+            false => None,
+        };
+        let (measured, ranked) = match ranked {
+            Some(r) => (true, r),
+            None => (false, self.ranked(plan, p, false)?),
+        };
+        let (algo, (_, memory, _, math, millis)) = ranked
+            .into_iter()
+            .find(|&(_, (s, memory, det, math, _))| {
+                acceptable(plan.dtype, self.deterministic, s, memory, det, math)
+            })
+            .ok_or_else(|| {
+                let kind = if self.deterministic {
+                    "deterministic "
+                } else {
+                    ""
+                };
+                format!("no {kind}algorithm within {} MiB", WORKSPACE_CAP >> 20)
+            })?;
+        if let (true, Some(cache)) = (measured, cache) {
+            let choice = Choice {
+                algorithm: algo.name(),
+                math: format!("{math:?}"),
+                workspace: memory,
+                millis,
+            };
+            cache.insert(key, choice);
+        }
+        Ok((algo, math, memory))
+    }
+
+    /// A cached choice, if cuDNN still takes it for this plan (asked for its workspace, which
+    /// must fit the cap): a file from another build or an edit is measured again instead.
+    fn cached(
+        &self,
+        plan: &ConvPlan,
+        p: &Prepared,
+        choice: &Choice,
+    ) -> Option<(Algo, sys::cudnnMathType_t, usize)> {
+        let algo = Algo::named(plan.direction, &choice.algorithm)?;
+        let math = names::lookup(&names::MATH, &choice.math)?;
+        if plan.dtype == DType::F32 && math != sys::cudnnMathType_t::CUDNN_FMA_MATH {
+            return None;
+        }
+        let h = self.handle;
+        // SAFETY: descriptors from `prepare` (the math type set is the one the size is for).
+        let size = unsafe {
+            result::set_convolution_math_type(p.conv, math).ok()?;
+            match algo {
+                Algo::Forward(a) => {
+                    result::get_convolution_forward_workspace_size(h, p.x, p.w, p.conv, p.y, a)
+                }
+                Algo::InputGrad(a) => result::get_convolution_backward_data_workspace_size(
+                    h, p.w, p.y, p.conv, p.x, a,
+                ),
+                Algo::WeightGrad(a) => result::get_convolution_backward_filter_workspace_size(
+                    h, p.x, p.y, p.conv, p.w, a,
+                ),
+            }
+        }
+        .ok()?;
+        (size <= WORKSPACE_CAP).then_some((algo, math, size))
+    }
+
+    /// cuDNN's candidates for the plan's direction, best first, each with (status, workspace,
+    /// determinism, math, milliseconds): measured on the device by Find when `measure` (which
+    /// allocates its own trial buffers and waits for the device), else the heuristic's ranking
+    /// (no times).
+    #[allow(clippy::type_complexity)]
+    fn ranked(
+        &self,
+        plan: &ConvPlan,
+        p: &Prepared,
+        measure: bool,
+    ) -> Result<
+        Vec<(
+            Algo,
+            (
+                sys::cudnnStatus_t,
+                usize,
+                sys::cudnnDeterminism_t,
+                sys::cudnnMathType_t,
+                f32,
+            ),
+        )>,
+        String,
+    > {
         // The three directions' queries differ only in their types and arguments; their perf
-        // structs have the same fields.
+        // structs have the same fields, and Find takes the getter's arguments.
         macro_rules! ranked {
-            ($perf:ty, $n:literal, $get:path, [$($arg:expr),*], $what:literal, $algo:path) => {{
+            ($perf:ty, $n:literal, $get:path, $find:path, [$($arg:expr),*], $what:literal, $algo:path) => {{
                 let mut perf = [std::mem::zeroed::<$perf>(); $n];
                 let mut count = 0;
-                $get($($arg,)* $n, &mut count, perf.as_mut_ptr()).map_err(|e| status($what, e))?;
-                perf[..count as usize]
+                let asked = match measure {
+                    true => libs::catch_panic(concat!("finding ", $what), || {
+                        $find($($arg,)* $n, &mut count, perf.as_mut_ptr()).result()
+                    })?,
+                    false => $get($($arg,)* $n, &mut count, perf.as_mut_ptr()),
+                };
+                asked.map_err(|e| status($what, e))?;
+                perf[..count.clamp(0, $n) as usize]
                     .iter()
-                    .map(|r| ($algo(r.algo), (r.status, r.memory, r.determinism, r.mathType)))
+                    .map(|r| ($algo(r.algo), (r.status, r.memory, r.determinism, r.mathType, r.time)))
                     .collect::<Vec<_>>()
             }};
         }
@@ -243,35 +457,25 @@ impl Cudnn {
         let ranked = unsafe {
             match plan.direction {
                 Direction::Forward => ranked!(sys::cudnnConvolutionFwdAlgoPerf_t, 8,
-                    result::get_convolution_forward_algorithm, [h, p.x, p.w, p.conv, p.y],
+                    result::get_convolution_forward_algorithm,
+                    sys::cudnnFindConvolutionForwardAlgorithm, [h, p.x, p.w, p.conv, p.y],
                     "forward algorithms", Algo::Forward),
                 Direction::InputGrad => ranked!(sys::cudnnConvolutionBwdDataAlgoPerf_t, 6,
-                    result::get_convolution_backward_data_algorithm, [h, p.w, p.y, p.conv, p.x],
+                    result::get_convolution_backward_data_algorithm,
+                    sys::cudnnFindConvolutionBackwardDataAlgorithm, [h, p.w, p.y, p.conv, p.x],
                     "input-gradient algorithms", Algo::InputGrad),
                 Direction::WeightGrad => ranked!(sys::cudnnConvolutionBwdFilterAlgoPerf_t, 7,
-                    result::get_convolution_backward_filter_algorithm, [h, p.x, p.y, p.conv, p.w],
+                    result::get_convolution_backward_filter_algorithm,
+                    sys::cudnnFindConvolutionBackwardFilterAlgorithm, [h, p.x, p.y, p.conv, p.w],
                     "weight-gradient algorithms", Algo::WeightGrad),
             }
         };
-        ranked
-            .into_iter()
-            .find(|&(_, (s, memory, det, math))| {
-                acceptable(plan.dtype, self.deterministic, s, memory, det, math)
-            })
-            .map(|(algo, (_, memory, _, math))| (algo, math, memory))
-            .ok_or_else(|| {
-                let kind = if self.deterministic {
-                    "deterministic "
-                } else {
-                    ""
-                };
-                format!("no {kind}algorithm within {} MiB", WORKSPACE_CAP >> 20)
-            })
+        Ok(ranked)
     }
 
     /// The workspace the plan needs, or why cuDNN refuses the plan (our kernels run it then).
-    pub fn workspace_for(&self, plan: &ConvPlan) -> Result<usize, String> {
-        self.prepared(plan).map(|p| p.workspace)
+    pub fn workspace_for(&self, plan: &ConvPlan, may_measure: bool) -> Result<usize, String> {
+        self.prepared(plan, may_measure).map(|p| p.workspace)
     }
 
     /// Enqueues the plan with cuDNN's `x`, `w` and `y` at `[x, w, y]` (first elements) and a
@@ -283,7 +487,8 @@ impl Cudnn {
         [x, w, y]: [DevicePtr; 3],
         workspace: DevicePtr,
     ) -> Result<(), String> {
-        let p = self.prepared(plan)?;
+        // Prepared by `workspace_for` already; never measured here.
+        let p = self.prepared(plan, false)?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (one, zero) = (
             (&alpha as *const f32).cast::<c_void>(),
@@ -328,6 +533,49 @@ impl Drop for Cudnn {
 mod tests {
     use super::*;
     use sys::{cudnnDeterminism_t as Det, cudnnMathType_t as Math, cudnnStatus_t as Status};
+
+    #[test]
+    fn cached_names_read_back_as_the_same_algorithm_in_their_direction_only() {
+        let every: Vec<(Direction, Algo)> = names::FORWARD
+            .iter()
+            .map(|&a| (Direction::Forward, Algo::Forward(a)))
+            .chain(
+                names::INPUT_GRAD
+                    .iter()
+                    .map(|&a| (Direction::InputGrad, Algo::InputGrad(a))),
+            )
+            .chain(
+                names::WEIGHT_GRAD
+                    .iter()
+                    .map(|&a| (Direction::WeightGrad, Algo::WeightGrad(a))),
+            )
+            .collect();
+        // Each enum's members but its COUNT sentinel.
+        assert_eq!(every.len(), 8 + 6 + 7);
+        for (direction, algo) in every {
+            assert_eq!(Algo::named(direction, &algo.name()), Some(algo));
+            for other in [
+                Direction::Forward,
+                Direction::InputGrad,
+                Direction::WeightGrad,
+            ] {
+                if other != direction {
+                    assert_eq!(Algo::named(other, &algo.name()), None, "{}", algo.name());
+                }
+            }
+        }
+        for math in names::MATH {
+            assert_eq!(
+                names::lookup(&names::MATH, &format!("{math:?}")),
+                Some(math)
+            );
+        }
+        assert_eq!(
+            Algo::named(Direction::Forward, "CUDNN_CONVOLUTION_FWD_ALGO_COUNT"),
+            None
+        );
+        assert_eq!(Algo::named(Direction::Forward, "7"), None);
+    }
 
     #[test]
     fn f32_refuses_tf32_and_deterministic_mode_refuses_nondeterministic_algorithms() {

@@ -24,7 +24,7 @@ use redline_tensor::{Download, HostBytes, Result, TensorError};
 use crate::compile;
 use crate::convolution::ConvPlan;
 use crate::cublaslt::{self, CublasLt};
-use crate::cudnn::Cudnn;
+use crate::cudnn::{Choosing, Cudnn};
 use crate::gemm::GemmPlan;
 use crate::gpu::{Captured, CudaGraph, DevicePtr, Gpu, GpuEvent, KernelArgs, LaunchShape, Library};
 use crate::kernels;
@@ -139,6 +139,9 @@ pub struct DriverOptions {
     /// Deterministic cuDNN algorithms only (`REDLINE_CUDA_DETERMINISTIC=1`, as
     /// `torch.backends.cudnn.deterministic`); our kernels always are.
     pub deterministic: bool,
+    /// cuDNN's heuristic choice of algorithm instead of measuring each plan's with cuDNN's Find
+    /// and keeping it on disk (`REDLINE_CUDNN_FIND=0`).
+    pub cudnn_heuristic: bool,
     /// Synchronise after every launch and name the op that failed (`REDLINE_CUDA_LAUNCH_BLOCKING=1`
     /// or `CUDA_LAUNCH_BLOCKING=1`).
     pub launch_blocking: bool,
@@ -150,6 +153,7 @@ impl DriverOptions {
         Self {
             own_kernels: on("REDLINE_CUDA_OWN_KERNELS"),
             deterministic: on("REDLINE_CUDA_DETERMINISTIC"),
+            cudnn_heuristic: std::env::var("REDLINE_CUDNN_FIND").is_ok_and(|v| v == "0"),
             launch_blocking: on("REDLINE_CUDA_LAUNCH_BLOCKING") || on("CUDA_LAUNCH_BLOCKING"),
         }
     }
@@ -335,7 +339,18 @@ impl CudaDriver {
                 }
                 let _ = self.blas();
                 self.bind().map_err(|e| e.to_string())?;
-                Cudnn::load(self.stream.cu_stream(), self.options.deterministic)
+                let choosing = match self.options.cudnn_heuristic {
+                    true => Choosing::Heuristic,
+                    false => Choosing::Measure {
+                        device: self.info.name.clone(),
+                        arch: self.info.arch.clone(),
+                    },
+                };
+                Cudnn::load(
+                    self.stream.cu_stream(),
+                    self.options.deterministic,
+                    choosing,
+                )
             })
             .as_ref()
             .map_err(|e| e.clone())
@@ -487,7 +502,9 @@ impl Gpu for CudaDriver {
             return Ok(false);
         };
         // A plan cuDNN refuses runs on our kernels (the refusal is kept for the report).
-        let Ok(needed) = dnn.workspace_for(plan) else {
+        // Find allocates and synchronises: never while a graph is captured.
+        let may_measure = !self.capturing.load(Ordering::Acquire);
+        let Ok(needed) = dnn.workspace_for(plan, may_measure) else {
             return Ok(false);
         };
         self.bind()?;
@@ -520,7 +537,8 @@ impl Gpu for CudaDriver {
             Library::new(
                 "cuDNN",
                 self.dnn().map(|d| (d.report.clone(), d.refusals())),
-            ),
+            )
+            .with_algorithms(self.dnn().ok().map(Cudnn::choosing)),
         ]
     }
 

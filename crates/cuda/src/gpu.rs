@@ -252,6 +252,8 @@ unsafe impl Sync for CudaGraph {}
 pub struct Library {
     pub name: &'static str,
     pub loaded: std::result::Result<(LibReport, Vec<String>), String>,
+    /// How it picks its algorithms, where that is a choice (cuDNN: measured or heuristic).
+    pub algorithms: Option<String>,
 }
 
 impl Library {
@@ -259,7 +261,16 @@ impl Library {
         name: &'static str,
         loaded: std::result::Result<(LibReport, Vec<String>), String>,
     ) -> Self {
-        Self { name, loaded }
+        Self {
+            name,
+            loaded,
+            algorithms: None,
+        }
+    }
+
+    pub fn with_algorithms(mut self, how: Option<String>) -> Self {
+        self.algorithms = how;
+        self
     }
 }
 

@@ -16,6 +16,7 @@
 //! and its logic tested where it can be without a GPU; it has not yet run on one (the GPU check,
 //! `redline-gpu-check`, is the proof still to be run).
 
+pub mod algorithms;
 pub mod compile;
 pub mod convolution;
 pub mod cublaslt;

@@ -271,6 +271,7 @@ fn libraries(gpu: &dyn Gpu) -> Value {
             Ok((r, refused)) => json!({
                 "path": r.path.display().to_string(),
                 "version": r.version,
+                "algorithms": library.algorithms,
                 "refused_plans_on_our_kernels": refused,
             }),
             Err(e) => json!({"not_used": e}),
