@@ -45,6 +45,13 @@ struct Pick<false, A, B> {
     typedef B type;
 };
 
+/// 16 bytes of T, aligned: a copy is one 128-bit load or store (ld.global.v4). Kernels that
+/// take packs are only launched on 16-byte-aligned pointers (the launcher checks).
+template <class T>
+struct alignas(16) Pack16 {
+    T v[16 / sizeof(T)];
+};
+
 /// t[i0, i1, i2, i3] of a 4-d operand, through its strides (convolutions, pooling).
 template <class T>
 __device__ __forceinline__ T at4(const T *t, const Strided &s, i64 i0, i64 i1, i64 i2, i64 i3) {

@@ -42,9 +42,15 @@ type LaunchFn = unsafe extern "C" fn(
     c_ulong,
 ) -> c_int;
 
-/// One allocation: guard, payload, guard, in 8-byte words (so any element type is aligned).
+/// 16 aligned bytes: allocations are made of these, so a payload starts 16-byte aligned (after
+/// a guard of a multiple of 16) and the kernels' 128-bit packs may be used, as on a GPU.
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Chunk([u8; 16]);
+
+/// One allocation: guard, payload, guard, in 16-byte chunks (so any element type is aligned).
 struct Allocation {
-    words: Vec<u64>,
+    words: Vec<Chunk>,
     bytes: usize,
 }
 
@@ -356,7 +362,7 @@ impl Gpu for Emulator {
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         let total = GUARD * 2 + bytes;
-        let words = vec![0u64; total.div_ceil(8)];
+        let words = vec![Chunk([0; 16]); total.div_ceil(16)];
         let allocation = Allocation { words, bytes };
         let base = allocation.base();
         // SAFETY: the words span `total` bytes.

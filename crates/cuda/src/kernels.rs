@@ -115,8 +115,15 @@ pub fn normalize_input(dtype: DType) -> String {
     format!("normalize_input<{}>", ctype(dtype))
 }
 
-pub fn batch_norm_stats(dtype: DType, with_y: bool, gate: bool) -> String {
-    format!("batch_norm_stats<{}, {with_y}, {gate}>", ctype(dtype))
+/// Batch norm's per-channel sums: `batch_norm_stats` (any layout, a block per channel) or
+/// `batch_norm_stats_rows` (dense channels-last, rows × channels blocks).
+pub fn batch_norm_stats(kernel: &str, dtype: DType, with_y: bool, gate: bool) -> String {
+    format!("{kernel}<{}, {with_y}, {gate}>", ctype(dtype))
+}
+
+/// Adds `batch_norm_stats_rows`' partials, in statistics dtype `stats`.
+pub fn batch_norm_stats_combine(stats: DType) -> String {
+    format!("batch_norm_stats_combine<{}>", ctype(stats))
 }
 
 /// Batch norm's per-channel coefficients, forward or backward, in statistics dtype `stats`.
@@ -129,11 +136,16 @@ pub fn batch_norm_coef(stats: DType, backward: bool) -> String {
     format!("{name}<{}>", ctype(stats))
 }
 
-pub fn batch_norm_apply(dtype: DType, with_y: bool, relu: bool, gate: bool) -> String {
-    format!(
-        "batch_norm_apply<{}, {with_y}, {relu}, {gate}>",
-        ctype(dtype)
-    )
+/// Batch norm's affine: `batch_norm_apply` (any layouts, logical order) or
+/// `batch_norm_apply_packed` (one dense layout, memory order, 16 bytes a step).
+pub fn batch_norm_apply(
+    kernel: &str,
+    dtype: DType,
+    with_y: bool,
+    relu: bool,
+    gate: bool,
+) -> String {
+    format!("{kernel}<{}, {with_y}, {relu}, {gate}>", ctype(dtype))
 }
 
 /// Pooling kernels: `max_pool2d`, `max_pool2d_grad`, `avg_pool2d`, `avg_pool2d_grad`.
@@ -219,14 +231,19 @@ pub fn families() -> Vec<Family> {
     let mut norms = Vec::new();
     for &d in &floats {
         for (with_y, gate) in [(false, false), (true, false), (true, true)] {
-            norms.push(batch_norm_stats(d, with_y, gate));
+            for kernel in ["batch_norm_stats", "batch_norm_stats_rows"] {
+                norms.push(batch_norm_stats(kernel, d, with_y, gate));
+            }
             for relu in [false, true] {
-                norms.push(batch_norm_apply(d, with_y, relu, gate));
+                for kernel in ["batch_norm_apply", "batch_norm_apply_packed"] {
+                    norms.push(batch_norm_apply(kernel, d, with_y, relu, gate));
+                }
             }
         }
     }
     for stats in [DType::F32, DType::F64] {
         norms.extend([false, true].map(|backward| batch_norm_coef(stats, backward)));
+        norms.push(batch_norm_stats_combine(stats));
     }
     let pools: Vec<String> = floats
         .iter()

@@ -737,7 +737,20 @@ impl Backend for CudaBackend {
             .map(|g| self.buffer(g.storage).map(|b| b.ptr))
             .transpose()?;
         let ptr = self.buffer(&out)?.ptr;
-        ops::norm::stats(&*self.gpu, &self.operand(x)?, yo.as_ref(), gate, ptr)?;
+        let xo = self.operand(x)?;
+        // Scratch for the channels-last kernel's partial sums, freed in stream order.
+        let partials = ops::norm::RowsPlan::new(&xo, yo.as_ref())
+            .map(|plan| self.alloc(stats_dtype(x.dtype()), plan.partials()))
+            .transpose()?;
+        let scratch = partials.as_ref().map(|p| self.buffer(p)).transpose()?;
+        ops::norm::stats(
+            &*self.gpu,
+            &xo,
+            yo.as_ref(),
+            gate,
+            ptr,
+            scratch.map(|b| b.ptr),
+        )?;
         Ok(out)
     }
 

@@ -33,6 +33,8 @@ struct Api {
     log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
     cubin_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
     cubin: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+    ptx_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
+    ptx: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
     lowered: unsafe extern "C" fn(Program, *const c_char, *mut *const c_char) -> c_int,
     destroy: unsafe extern "C" fn(*mut Program) -> c_int,
 }
@@ -75,6 +77,20 @@ pub struct Cubin {
     /// Per kernel, by name expression.
     pub resources: Vec<(String, Resources)>,
     pub log: String,
+    /// The PTX the CUBIN was assembled from: what instructions a kernel uses (its 128-bit
+    /// loads, say) can be checked without a GPU or a disassembler.
+    pub ptx: String,
+}
+
+impl Cubin {
+    /// The PTX of the kernel `expression` names (its `.entry` to the next), if compiled here.
+    pub fn kernel_ptx(&self, expression: &str) -> Option<&str> {
+        let (_, symbol) = self.symbols.iter().find(|(e, _)| e == expression)?;
+        let start = self.ptx.find(&format!(".entry {symbol}("))?;
+        let rest = &self.ptx[start..];
+        let end = rest[1..].find(".entry ").map_or(rest.len(), |e| e + 1);
+        Some(&rest[..end])
+    }
 }
 
 fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, LibError> {
@@ -122,6 +138,8 @@ impl Nvrtc {
             log: symbol(&lib, "nvrtcGetProgramLog")?,
             cubin_size: symbol(&lib, "nvrtcGetCUBINSize")?,
             cubin: symbol(&lib, "nvrtcGetCUBIN")?,
+            ptx_size: symbol(&lib, "nvrtcGetPTXSize")?,
+            ptx: symbol(&lib, "nvrtcGetPTX")?,
             lowered: symbol(&lib, "nvrtcGetLoweredName")?,
             destroy: symbol(&lib, "nvrtcDestroyProgram")?,
         };
@@ -246,6 +264,14 @@ impl Nvrtc {
                 (self.api.cubin)(program, image.as_mut_ptr().cast()),
                 "nvrtcGetCUBIN",
             )?;
+            let mut size = 0usize;
+            self.check((self.api.ptx_size)(program, &mut size), "nvrtcGetPTXSize")?;
+            let mut ptx = vec![0u8; size.max(1)];
+            self.check(
+                (self.api.ptx)(program, ptx.as_mut_ptr().cast()),
+                "nvrtcGetPTX",
+            )?;
+            let ptx = String::from_utf8_lossy(&ptx[..size.saturating_sub(1)]).into_owned();
             let mut symbols = Vec::new();
             for (e, text) in exprs.iter().zip(&family.instantiations) {
                 let mut lowered: *const c_char = std::ptr::null();
@@ -268,6 +294,7 @@ impl Nvrtc {
                 symbols,
                 resources,
                 log,
+                ptx,
             })
         }
     }

@@ -101,6 +101,72 @@ fn broadcasting_strided_and_channels_last_operands() {
 }
 
 #[test]
+fn batch_norm_walks_channels_last_and_dense_tensors_in_memory_order() {
+    // (shape, channels-last): 40 channels (a block of 32 and a ragged one) over 105 rows (not
+    // a multiple of the 8 a block reads at once); exactly two channel blocks; NCHW planes of
+    // whole packs; 75 elements (no whole number of packs: the general affine); 2 channels.
+    let cases: [([usize; 4], bool); 5] = [
+        ([3, 40, 5, 7], true),
+        ([2, 64, 4, 4], true),
+        ([2, 16, 3, 8], false),
+        ([1, 3, 5, 5], true),
+        ([4, 2, 1, 1], true),
+    ];
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let tol = if dtype.size() == 2 { 1e-2 } else { 1e-4 };
+        for (shape, channels_last) in cases {
+            let (n, c) = (shape.iter().product::<usize>(), shape[1]);
+            let what = format!("{dtype} {shape:?} channels-last {channels_last}");
+            let tensor = |d: &Device, values: Vec<f32>, shape: &[usize]| {
+                let t = Tensor::from_slice(&values, shape, d)
+                    .unwrap()
+                    .cast(dtype)
+                    .unwrap();
+                match channels_last && shape.len() == 4 {
+                    true => t.to_channels_last().unwrap(),
+                    false => t,
+                }
+            };
+            let stats = redline_tensor::stats_dtype(dtype);
+            let coef = |d: &Device, rows: usize| {
+                Tensor::from_slice(&ramp(rows * c, 0.02), &[rows, c], d)
+                    .unwrap()
+                    .cast(stats)
+                    .unwrap()
+            };
+            let x = |d: &Device| tensor(d, ramp(n, 0.05), &shape);
+            let y = |d: &Device| tensor(d, ramp(n + 3, 0.03)[3..].to_vec(), &shape);
+            same_as_reference(&format!("sums {what}"), tol, |d| {
+                x(d).batch_norm_stats(None, None).unwrap()
+            });
+            same_as_reference(&format!("gated sums {what}"), tol, |d| {
+                let gate = coef(d, 2);
+                x(d).batch_norm_stats(Some(&y(d)), Some(&gate)).unwrap()
+            });
+            same_as_reference(&format!("affine + relu {what}"), tol, |d| {
+                x(d).batch_norm_apply(None, &coef(d, 3), true, None)
+                    .unwrap()
+            });
+            same_as_reference(&format!("gated backward affine {what}"), tol, |d| {
+                let gate = coef(d, 2);
+                x(d).batch_norm_apply(Some(&y(d)), &coef(d, 3), false, Some(&gate))
+                    .unwrap()
+            });
+        }
+    }
+    // Operands in different layouts take the general kernels.
+    same_as_reference("channels-last x, NCHW y", 1e-4, |d| {
+        let x = Tensor::from_slice(&ramp(2 * 8 * 4 * 4, 0.05), &[2, 8, 4, 4], d).unwrap();
+        let y = Tensor::from_slice(&ramp(2 * 8 * 4 * 4, 0.07), &[2, 8, 4, 4], d).unwrap();
+        let coef = Tensor::from_slice(&ramp(24, 0.02), &[3, 8], d).unwrap();
+        let xl = x.to_channels_last().unwrap();
+        let sums = xl.batch_norm_stats(Some(&y), None).unwrap();
+        let out = xl.batch_norm_apply(Some(&y), &coef, true, None).unwrap();
+        Tensor::concat(&[&sums.flatten().unwrap(), &out.flatten().unwrap()], 0).unwrap()
+    });
+}
+
+#[test]
 fn reductions_over_several_axes_of_strided_views() {
     let make = |d: &Device| {
         Tensor::from_slice(&ramp(2 * 3 * 4 * 37, 0.07), &[2, 3, 4, 37], d)

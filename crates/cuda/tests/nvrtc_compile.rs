@@ -1,6 +1,7 @@
 //! The NVRTC hardware suite: every kernel family compiled to CUBIN for every target
 //! architecture, with ptxas's registers, shared memory and spills per kernel printed as a table.
-//! A compile error fails, and so does a spill in a family marked hot. Ignored in a plain
+//! A compile error fails, and so does a spill in a family marked hot, and a `*_packed` kernel
+//! whose PTX moves its 16-byte packs otherwise than by 128-bit loads and stores. Ignored in a plain
 //! `cargo test`; `cargo xtask test` runs it with `--ignored`. Without NVRTC it prints the skip
 //! marker xtask reports as "skipped" — or fails when `REDLINE_HARDWARE_REQUIRED=1` (CI,
 //! `--require nvrtc`). NVRTC comes from PyPI: `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime`.
@@ -65,6 +66,15 @@ fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
                 assert!(!cubin.image.is_empty(), "{family} for {arch}: empty CUBIN");
                 let hot = families.iter().any(|f| f.source.name == family && f.hot);
                 for (kernel, r) in &cubin.resources {
+                    // Kernels over 16-byte packs must move them as 128-bit loads and stores.
+                    if kernel.contains("_packed<") {
+                        let ptx = cubin.kernel_ptx(kernel).unwrap_or_default();
+                        if !moves_128_bits(ptx, "ld.global") || !moves_128_bits(ptx, "st.global") {
+                            failures.push(format!(
+                                "{kernel} on {arch}: no 128-bit load and store in its PTX"
+                            ));
+                        }
+                    }
                     if hot && r.spills() {
                         failures.push(format!(
                             "{kernel} spills on {arch} ({} bytes stored, {} loaded)",
@@ -125,4 +135,19 @@ fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
         assert_eq!(compile::read(&dir, family, arch).as_ref(), Some(&compiled));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Whether some `op` (`ld.global`, `st.global`, with any qualifiers such as `.nc`) in `ptx`
+/// moves 128 bits at once: four 32-bit or two 64-bit values.
+fn moves_128_bits(ptx: &str, op: &str) -> bool {
+    ptx.lines().any(|line| {
+        line.split_whitespace().next().is_some_and(|i| {
+            i.starts_with(op)
+                && [
+                    ".v4.b32", ".v4.u32", ".v4.f32", ".v2.b64", ".v2.u64", ".v2.f64",
+                ]
+                .iter()
+                .any(|w| i.ends_with(w))
+        })
+    })
 }
