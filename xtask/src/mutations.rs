@@ -48,6 +48,18 @@ const MUTATIONS: &[Mutation] = &[
         mutated: "coef[C + c] = (bias != nullptr ? bias[c] : (S)0) + mean * scale;",
     },
     Mutation {
+        name: "packed batch-norm affine stepping the channel one element late",
+        file: "norm.cu",
+        original: "if (++r == cstride) {",
+        mutated: "if (++r > cstride) {",
+    },
+    Mutation {
+        name: "channels-last batch-norm sums missing a chunk's last row",
+        file: "norm.cu",
+        original: "for (i64 r = start + threadIdx.y; r < end; r += ROWS_AT_ONCE) {",
+        mutated: "for (i64 r = start + threadIdx.y; r < end - 1; r += ROWS_AT_ONCE) {",
+    },
+    Mutation {
         name: "cross-entropy gradient without its label smoothing",
         file: "softmax.cu",
         original: "exp(v - lse) - hot - eps / (A)c)",
