@@ -98,6 +98,21 @@ fn broadcasting_strided_and_channels_last_operands() {
         let x = Tensor::from_slice(&ramp(2 * 3 * 5 * 7, 0.05), &[2, 3, 5, 7], d).unwrap();
         x.to_channels_last().unwrap().relu().unwrap()
     });
+    // Both channels-last (walked as flat runs), then one of each (walked in logical order).
+    for mixed in [false, true] {
+        same_as_reference(&format!("channels-last sum, mixed {mixed}"), 1e-6, |d| {
+            let x = Tensor::from_slice(&ramp(2 * 6 * 5 * 7, 0.05), &[2, 6, 5, 7], d).unwrap();
+            let y = Tensor::from_slice(&ramp(2 * 6 * 5 * 7, 0.03), &[2, 6, 5, 7], d).unwrap();
+            let y = if mixed {
+                y
+            } else {
+                y.to_channels_last().unwrap()
+            };
+            let sum = x.to_channels_last().unwrap().add(&y).unwrap();
+            let back = sum.cast(DType::F16).unwrap().cast(DType::F32).unwrap();
+            Tensor::concat(&[&sum.flatten().unwrap(), &back.flatten().unwrap()], 0).unwrap()
+        });
+    }
 }
 
 #[test]

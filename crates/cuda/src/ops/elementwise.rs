@@ -4,7 +4,7 @@ use redline_tensor::{BinaryOp, DType, Layout, Result, UnaryOp};
 
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, Strided};
 use crate::kernels;
-use crate::ops::linear_shape;
+use crate::ops::{linear_shape, share_one_dense_order};
 
 /// An operand: its base pointer and its layout (offsets in elements).
 pub struct Operand<'a> {
@@ -14,7 +14,9 @@ pub struct Operand<'a> {
 }
 
 /// Launches `kernel(op0, strided0, op1, strided1, …, n)` over `out`'s elements, the output
-/// last — the parameter order every strided elementwise kernel declares.
+/// last — the parameter order every strided elementwise kernel declares. Operands that share
+/// one dense order (a channels-last activation and its gradient, say) go as flat runs, so the
+/// kernel walks memory in order instead of striding through it in logical order.
 fn launch(gpu: &dyn Gpu, kernel: &str, what: &str, operands: &[&Operand]) -> Result<()> {
     let Some(out) = operands.last() else {
         return Ok(());
@@ -24,11 +26,15 @@ fn launch(gpu: &dyn Gpu, kernel: &str, what: &str, operands: &[&Operand]) -> Res
         return Ok(());
     }
     let device = gpu.name();
+    let layouts: Vec<&Layout> = operands.iter().map(|o| o.layout).collect();
+    let flat = share_one_dense_order(&layouts);
     let mut args = KernelArgs::new();
     for operand in operands {
-        args = args
-            .ptr(operand.ptr)
-            .strided(&Strided::new(operand.layout, &device, what)?);
+        let strided = match flat {
+            true => Strided::contiguous(n, operand.layout.offset()),
+            false => Strided::new(operand.layout, &device, what)?,
+        };
+        args = args.ptr(operand.ptr).strided(&strided);
     }
     gpu.launch(kernel, linear_shape(n), &args.i64(n as i64))
 }

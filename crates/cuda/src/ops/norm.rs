@@ -11,7 +11,7 @@ use redline_tensor::{Layout, Result};
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Strided};
 use crate::kernels;
 use crate::ops::elementwise::Operand;
-use crate::ops::linear_shape;
+use crate::ops::{linear_shape, share_one_dense_order};
 
 /// Threads per statistics block (`NORM_THREADS` in `kernels/norm.cu`).
 const THREADS: u32 = 256;
@@ -44,18 +44,10 @@ const ROWS_AT_ONCE: usize = 8;
 /// Blocks the channels-last sums aim for: enough to fill a large GPU several times over.
 const ROWS_TARGET_BLOCKS: usize = 1024;
 
-/// Whether every operand is dense (no gaps, no offset) in one and the same axis order: then
-/// element `m` of each storage is the same logical element. Size-1 axes' strides are free.
+/// Operands the memory-order kernels take: one dense order ([`share_one_dense_order`]) from
+/// the start of each storage (their pointers are the storages').
 fn share_one_dense_layout(layouts: &[&Layout]) -> bool {
-    let first = layouts[0];
-    layouts.iter().all(|l| {
-        l.is_dense()
-            && l.shape() == first.shape()
-            && l.shape()
-                .iter()
-                .zip(l.strides().iter().zip(first.strides()))
-                .all(|(&n, (&a, &b))| n <= 1 || a == b)
-    })
+    share_one_dense_order(layouts) && layouts.iter().all(|l| l.offset() == 0)
 }
 
 /// How `batch_norm_stats_rows` splits a channels-last x: `chunks` row ranges of
