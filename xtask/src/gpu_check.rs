@@ -4,6 +4,8 @@
 //! - `redline-gpu-check`, the stripped release binary (commit stamped in);
 //! - `cubin/`, every kernel family compiled by NVRTC for every target architecture (so a GPU run
 //!   pays no compile time);
+//! - `pytorch/gpu_speed.py`, PyTorch's side of the speed stage (run with the machine's own
+//!   PyTorch);
 //! - `run.sh`, which runs the check and writes `gpu-check.json` beside it as it goes.
 //!
 //! The folder must stay under 40 MiB.
@@ -61,6 +63,13 @@ pub fn run(args: GpuCheckArgs) -> Result<()> {
     run::check(Command::new(&binary).arg("prepare").arg(&cubins)).context(
         "compiling the CUBINs needs NVRTC here (pip install nvidia-cuda-nvrtc nvidia-cuda-runtime)",
     )?;
+    let pytorch = pack.join("pytorch");
+    fs::create_dir_all(&pytorch)?;
+    fs::copy(
+        run::root().join("benches/pytorch/gpu_speed.py"),
+        pytorch.join("gpu_speed.py"),
+    )
+    .context("copying PyTorch's side of the speed stage")?;
     let script = pack.join("run.sh");
     fs::write(&script, RUN_SH)?;
     #[cfg(unix)]

@@ -13,12 +13,14 @@ pub mod augment;
 pub mod decode;
 pub mod order;
 pub mod pipeline;
+pub mod resident;
 pub mod resize;
 
 pub use augment::{eval_geometry, train_params, EvalGeometry, TrainParams};
 pub use decode::{scale_denominator, Codec, DecodeError, Decoded, Decoder, Image, Region};
 pub use order::{Mode, Order, OrderError, Position, Uneven};
 pub use pipeline::{Batch, BatchStats, Config, Loader, LoaderError, OnBadSample, Skipped};
+pub use resident::Resident;
 pub use resize::{flip_horizontal, Crop, Resizer};
 
 /// The README's example, compiled and run as a doctest.

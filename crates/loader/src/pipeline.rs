@@ -151,6 +151,26 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch in `buffer`: `len` samples' pixels from its start, their labels (little-endian
+    /// i64) from `labels_at`.
+    pub(crate) fn from_parts(
+        buffer: PooledBuffer,
+        labels_at: usize,
+        len: usize,
+        res: usize,
+        position: Position,
+        stats: BatchStats,
+    ) -> Self {
+        Self {
+            buffer,
+            labels_at,
+            len,
+            res,
+            position,
+            stats,
+        }
+    }
+
     /// `[len, res, res, 3]` pixels, NHWC.
     pub fn images(&self) -> &[u8] {
         &self.buffer[..self.len * self.res * self.res * 3]

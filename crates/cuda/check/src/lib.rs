@@ -23,7 +23,11 @@
 //!    a CUDA graph and replayed 20 times against eager steps with new inputs between replays:
 //!    the same results, the graph's node count, and an eager step's time next to a replay's;
 //! 8. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
-//!    breakdown, the host copies and synchronisations of a steady-state step, memory.
+//!    breakdown, the host copies and synchronisations of a steady-state step, memory;
+//! 9. `speed` — ResNet-50 at 224 px, batch 256, bf16, a replayed graph, fed one pinned batch
+//!    from memory, beside PyTorch at its best on the same GPU run by the same command: both
+//!    img/s, the ratio, kernels per step, achieved TFLOP/s and its share of the card's tensor
+//!    peak ([`speed`]).
 //!
 //! Without a GPU it says why in the JSON and exits non-zero, without a panic.
 
@@ -35,6 +39,8 @@ use redline_cuda::driver::{CudaDriver, DriverOptions};
 use redline_cuda::{compile, kernels, CudaBackend, Gpu};
 use redline_tensor::{Backend, Conv2dParams, DType, Device, Layout, NnOp, Op, OtherOp, View};
 use serde_json::{json, Map, Value};
+
+pub mod speed;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -53,6 +59,8 @@ pub struct Options {
     pub emulate: bool,
     /// Train by replaying a captured graph after the warm-up (`Trainer::with_graph`).
     pub graph: bool,
+    /// The speed stage beside PyTorch (`steps` 0 skips it).
+    pub speed: speed::SpeedOptions,
 }
 
 impl Default for Options {
@@ -67,6 +75,7 @@ impl Default for Options {
             model: "resnet50".into(),
             emulate: false,
             graph: false,
+            speed: speed::SpeedOptions::default(),
         }
     }
 }
@@ -137,7 +146,7 @@ pub fn run(options: &Options) -> bool {
     let mut journal = Journal::new(&options.json);
     journal.flush();
     let started = Instant::now();
-    eprintln!("gpu-check: stage 1/8: device");
+    eprintln!("gpu-check: stage 1/9: device");
     let opened = if options.emulate {
         CudaBackend::emulated()
             .map(|b| {
@@ -163,6 +172,10 @@ pub fn run(options: &Options) -> bool {
         }
     };
     eprintln!("gpu-check: {device_report}");
+    let name = device_report["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     journal.set("gpu", device_report.clone());
     journal.stage(
         "device",
@@ -177,7 +190,7 @@ pub fn run(options: &Options) -> bool {
                      n: usize,
                      name: &str,
                      f: &mut dyn FnMut() -> Result<Value, String>| {
-        eprintln!("gpu-check: stage {n}/8: {name}");
+        eprintln!("gpu-check: stage {n}/9: {name}");
         let t = Instant::now();
         let result = f();
         let seconds = t.elapsed().as_secs_f64();
@@ -218,6 +231,17 @@ pub fn run(options: &Options) -> bool {
     if options.steps > 0 {
         stage(&mut journal, 8, "training", &mut || {
             training(&backend, &device, options)
+        });
+    }
+    if options.speed.steps > 0 {
+        let speed = speed::SpeedOptions {
+            vs_pytorch: options.speed.vs_pytorch && !options.emulate,
+            ..options.speed.clone()
+        };
+        stage(&mut journal, 9, "speed", &mut || {
+            let mut report = speed::stage(&device, &name, &speed)?;
+            report["memory"] = json!(backend.memory_stats().to_string());
+            Ok(report)
         });
     }
     // Again at the end: which plans the libraries refused over the whole run (on our kernels).
@@ -547,8 +571,7 @@ fn conformance(device: &Device, cases: u32, ops: &[Op]) -> Result<Value, String>
 
 fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result<Value, String> {
     use redline_loader::{Config, Loader};
-    use redline_nn::{named_parameters, AdamW, ParamGroup, ResNet, ResNetConfig};
-    use redline_train::{Precision, Summary, TrainConfig, Trainer};
+    use redline_train::Summary;
     let err = |e: &dyn std::fmt::Display| e.to_string();
     // A synthetic set made here: enough images for the run, whatever the batch.
     let dir = std::env::temp_dir().join(format!("redline-gpu-check-{}", std::process::id()));
@@ -559,27 +582,9 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
     };
     let sets = redline_datasets::generate::synth_shards(&dir, &synth).map_err(|e| err(&e))?;
     let set = Arc::new(redline_shard::ShardSet::open(&sets[0]).map_err(|e| err(&e))?);
-    let mut config = ResNetConfig::named(&options.model).map_err(|e| err(&e))?;
-    config.num_classes = synth.classes as usize;
-    let model = ResNet::new(config, device).map_err(|e| err(&e))?;
-    let params = named_parameters(&model)
-        .into_iter()
-        .map(|(_, p)| p)
-        .collect();
-    let adamw =
-        AdamW::new(vec![ParamGroup::new(params, 0.01)], 0.9, 0.999, 1e-8).map_err(|e| err(&e))?;
-    let config = TrainConfig {
-        precision: Precision::Bf16,
-        label_smoothing: 0.0,
-        clip_norm: None,
-        base_lr: 1e-3,
-        schedule: redline_nn::Schedule::Constant,
-    };
-    let mut trainer = Trainer::new(Box::new(model), Box::new(adamw), config, device.clone())
-        .map_err(|e| err(&e))?;
-    if options.graph {
-        trainer = trainer.with_graph();
-    }
+    let classes = synth.classes as usize;
+    let (mut trainer, _) =
+        bf16_resnet_trainer(device, &options.model, classes, options.res, options.graph)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let loader_config = Config {
         workers: cores,
@@ -660,6 +665,46 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
     }))
 }
 
+/// A ResNet (`model`, `classes` outputs) in bf16 AMP under AdamW (lr 1e-3, weight decay 0.01)
+/// on `device`, replaying a captured step after the warm-up when `graph`; with its forward
+/// multiply-accumulates per `res × res` image.
+pub(crate) fn bf16_resnet_trainer(
+    device: &Device,
+    model: &str,
+    classes: usize,
+    res: usize,
+    graph: bool,
+) -> Result<(redline_train::Trainer, u64), String> {
+    use redline_nn::{named_parameters, AdamW, ParamGroup, ResNet, ResNetConfig};
+    use redline_train::{Precision, TrainConfig, Trainer};
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let mut config = ResNetConfig::named(model).map_err(|e| err(&e))?;
+    config.num_classes = classes;
+    let resnet = ResNet::new(config, device).map_err(|e| err(&e))?;
+    let macs = resnet.macs_per_image(res).map_err(|e| err(&e))?;
+    let params = named_parameters(&resnet).into_iter().map(|(_, p)| p);
+    let adamw = AdamW::new(
+        vec![ParamGroup::new(params.collect(), 0.01)],
+        0.9,
+        0.999,
+        1e-8,
+    )
+    .map_err(|e| err(&e))?;
+    let train = TrainConfig {
+        precision: Precision::Bf16,
+        label_smoothing: 0.0,
+        clip_norm: None,
+        base_lr: 1e-3,
+        schedule: redline_nn::Schedule::Constant,
+    };
+    let mut trainer = Trainer::new(Box::new(resnet), Box::new(adamw), train, device.clone())
+        .map_err(|e| err(&e))?;
+    if graph {
+        trainer = trainer.with_graph();
+    }
+    Ok((trainer, macs))
+}
+
 /// Writes the CUBINs of every kernel family for every target architecture into `dir` (run on
 /// the machine that builds the pack, where NVRTC is).
 pub fn prepare(dir: &Path) -> Result<usize, String> {
@@ -710,6 +755,10 @@ mod tests {
             cases: 2,
             steps: 0,
             emulate: true,
+            speed: speed::SpeedOptions {
+                steps: 0,
+                ..Default::default()
+            },
             ..Options::default()
         };
         assert!(

@@ -1,11 +1,13 @@
 //! `redline-gpu-check [--json PATH] [--cases N] [--steps N] [--batch N] [--res N] [--model M]
-//! [--emulate]` on a GPU machine (`--emulate`: on the host emulator instead);
+//! [--graph] [--speed-steps N] [--speed-batch N] [--speed-warmup N] [--vs-compile] [--emulate]`
+//! on a GPU machine (`--emulate`: on the host emulator instead);
 //! `redline-gpu-check prepare DIR` where the pack is built. See the library docs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use redline_gpu_check::speed::SpeedOptions;
 use redline_gpu_check::Options;
 
 /// Proves the CUDA backend on GPU 0: device and libraries, conformance, AMP, our own kernels,
@@ -44,6 +46,18 @@ struct Cli {
     /// Train by replaying the step as a captured CUDA graph after the warm-up.
     #[arg(long)]
     graph: bool,
+    /// Measured steps of the speed stage (ResNet-50 beside PyTorch); 0 skips it.
+    #[arg(long, default_value_t = SpeedOptions::default().steps)]
+    speed_steps: usize,
+    /// The speed stage's batch (both sides).
+    #[arg(long, default_value_t = SpeedOptions::default().batch)]
+    speed_batch: usize,
+    /// The speed stage's warm-up steps (both sides).
+    #[arg(long, default_value_t = SpeedOptions::default().warmup)]
+    speed_warmup: usize,
+    /// PyTorch's side of the speed stage under torch.compile too (adds its compile time).
+    #[arg(long)]
+    vs_compile: bool,
 }
 
 #[derive(Subcommand)]
@@ -75,6 +89,13 @@ fn main() -> ExitCode {
         model: cli.model,
         emulate: cli.emulate,
         graph: cli.graph,
+        speed: SpeedOptions {
+            steps: cli.speed_steps,
+            batch: cli.speed_batch,
+            warmup: cli.speed_warmup,
+            vs_compile: cli.vs_compile,
+            ..SpeedOptions::default()
+        },
         ..Options::default()
     };
     if redline_gpu_check::run(&options) {

@@ -1,0 +1,388 @@
+//! Stage 9, `speed`: ResNet training throughput beside PyTorch's on the same device, both sides
+//! run by this one command so correctness and speed fit one short GPU window.
+//!
+//! Same model, resolution, batch, precision (bf16) and classes (1,000) on both sides, both fed
+//! one u8 NHWC batch resident in pinned host memory — copied to the device and normalised there
+//! every step, no decoding (the `training` stage is the loader-fed run). img/s on both sides =
+//! images ÷ wall time between two synchronisations, after a warm-up that absorbs cuDNN's
+//! algorithm search, graph capture and PyTorch's `cudnn.benchmark` (and compile).
+//!
+//! Ours replays the step as a CUDA graph after the trainer's warm-up. PyTorch runs at its best
+//! (`benches/pytorch/gpu_speed.py`, in the pack as `pytorch/gpu_speed.py`): channels_last,
+//! `cudnn.benchmark`, `AdamW(fused=True)`, autocast; under `torch.compile` too with
+//! `--vs-compile`. The ratio and whether it meets the goal (≥ 1.0× eager) go into the JSON; a
+//! shortfall is a measurement, not a failed stage.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use redline_loader::Resident;
+use redline_tensor::Device;
+use redline_train::{Summary, GRAPH_WARMUP_STEPS};
+use serde_json::{json, Value};
+
+/// What the stage measures.
+#[derive(Debug, Clone)]
+pub struct SpeedOptions {
+    pub model: String,
+    pub res: usize,
+    pub batch: usize,
+    /// Warm-up steps on each side (ours runs at least the graph warm-up and the capture).
+    pub warmup: usize,
+    /// Measured steps on each side; 0 skips the stage.
+    pub steps: usize,
+    /// Replay the step as a captured graph (ours).
+    pub graph: bool,
+    /// PyTorch's side under torch.compile as well.
+    pub vs_compile: bool,
+    /// Run PyTorch's side (not on the emulator: it is no GPU to compare on).
+    pub vs_pytorch: bool,
+    /// The longest PyTorch's side may take.
+    pub pytorch_timeout: Duration,
+}
+
+impl Default for SpeedOptions {
+    fn default() -> Self {
+        Self {
+            model: "resnet50".into(),
+            res: 224,
+            batch: 256,
+            warmup: 10,
+            steps: 30,
+            graph: true,
+            vs_compile: false,
+            vs_pytorch: true,
+            pytorch_timeout: Duration::from_secs(240),
+        }
+    }
+}
+
+/// Classes on both sides (ImageNet's, as torchvision's default head).
+const CLASSES: usize = 1000;
+
+/// Dense bf16/f16 tensor-core peaks with f32 accumulation (vendor figures, TFLOP/s), by a
+/// fragment of the device's name: the achieved share is reported against these.
+const TENSOR_PEAKS: [(&str, f64); 4] = [
+    ("H200", 989.0),
+    ("H100", 989.0),
+    ("RTX 5090", 209.0),
+    ("A100", 312.0),
+];
+
+fn peak_for(device_name: &str) -> Option<f64> {
+    TENSOR_PEAKS
+        .iter()
+        .find(|(fragment, _)| device_name.contains(fragment))
+        .map(|&(_, peak)| peak)
+}
+
+/// A deterministic batch: pixels from a small LCG, labels cycling through the classes.
+fn resident_batch(batch: usize, res: usize) -> (Vec<u8>, Vec<i64>) {
+    let mut state = 0x2545_f491u32;
+    let pixels = (0..batch * res * res * 3)
+        .map(|_| {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 24) as u8
+        })
+        .collect();
+    let labels = (0..batch).map(|i| (i * 7 % CLASSES) as i64).collect();
+    (pixels, labels)
+}
+
+/// Our side on `device`: the trainer fed the resident batch, warm-up, then `steps` steps timed
+/// between two synchronisations.
+pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let (mut trainer, macs) =
+        crate::bf16_resnet_trainer(device, &o.model, CLASSES, o.res, o.graph)?;
+    let gmac = macs as f64 / 1e9;
+    let (pixels, labels) = resident_batch(o.batch, o.res);
+    let mut batches =
+        Resident::new(pixels, labels, o.res, 3, device.host_allocator()).map_err(|e| err(&e))?;
+    let warmup = match o.graph {
+        true => o.warmup.max(GRAPH_WARMUP_STEPS + 1),
+        false => o.warmup,
+    };
+    for _ in 0..warmup {
+        trainer.train_step(&mut batches).map_err(|e| err(&e))?;
+    }
+    device.synchronize().map_err(|e| err(&e))?;
+    trainer.take_times().map_err(|e| err(&e))?;
+    let started = Instant::now();
+    let mut last = None;
+    for _ in 0..o.steps {
+        last = Some(trainer.train_step(&mut batches).map_err(|e| err(&e))?);
+    }
+    device.synchronize().map_err(|e| err(&e))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let loss = match last {
+        Some(step) => step.loss.item().map_err(|e| err(&e))?,
+        None => f64::NAN,
+    };
+    if o.steps > 0 && !loss.is_finite() {
+        return Err(format!("the loss is {loss}"));
+    }
+    let times = trainer.take_times().map_err(|e| err(&e))?;
+    let img_per_s = (o.batch * o.steps) as f64 / seconds;
+    // Training is about three forwards: the forward, and a backward of twice its work.
+    let tflops = img_per_s * gmac * 2.0 * 3.0 / 1e3;
+    let stats = trainer.graph_stats();
+    Ok(json!({
+        "img_per_s": img_per_s,
+        "seconds": seconds,
+        "steps": o.steps,
+        "warmup": warmup,
+        "loss": loss,
+        "pinned_batch": batches.is_pinned(),
+        "gmac_per_image": gmac,
+        "achieved_tflops": tflops,
+        "phases": Summary::new(&times, o.batch).to_json(),
+        "graph": {
+            "requested": o.graph,
+            "kernels_per_step": stats.nodes,
+            "replays": stats.replays,
+            "captures": stats.captures,
+            "eager_steps_after_warmup": stats.eager_steps,
+            "eager_reason": stats.eager_reason,
+        },
+    }))
+}
+
+/// Where PyTorch's side is: `REDLINE_GPU_SPEED_SCRIPT`, the pack's `pytorch/gpu_speed.py`
+/// beside the executable, or the repository's.
+pub fn pytorch_script() -> PathBuf {
+    if let Some(p) = std::env::var_os("REDLINE_GPU_SPEED_SCRIPT") {
+        return PathBuf::from(p);
+    }
+    let packed = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("pytorch/gpu_speed.py")));
+    match packed {
+        Some(p) if p.is_file() => p,
+        _ => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../benches/pytorch/gpu_speed.py"
+        )),
+    }
+}
+
+/// PyTorch's side: the script run by `python3` with the same settings, its JSON report.
+pub fn pytorch(o: &SpeedOptions, device: &str) -> Result<Value, String> {
+    let script = pytorch_script();
+    let mut cmd = Command::new(std::env::var("REDLINE_PYTHON").unwrap_or("python3".into()));
+    cmd.arg(&script)
+        .args([
+            "--model",
+            &o.model,
+            "--precision",
+            "bf16",
+            "--device",
+            device,
+        ])
+        .args(["--res", &o.res.to_string(), "--batch", &o.batch.to_string()])
+        .args(["--warmup", &o.warmup.to_string()])
+        .args(["--steps", &o.steps.to_string()]);
+    if o.vs_compile {
+        cmd.arg("--compile");
+    }
+    let output = run_with_timeout(cmd, o.pytorch_timeout)
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(8).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(format!(
+            "{} exited with {}: {}",
+            script.display(),
+            output.status,
+            tail.join(" | ")
+        ));
+    }
+    let last = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or("");
+    serde_json::from_str(last).map_err(|e| format!("{}: no JSON report ({e})", script.display()))
+}
+
+/// Runs `cmd` to completion, killing it after `timeout`.
+fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<std::process::Output, String> {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not start it: {e}"))?;
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().map_err(|e| e.to_string()),
+            Ok(None) if started.elapsed() > timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "still running after {} s: killed",
+                    timeout.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// The stage: ours, then PyTorch's where asked, the ratios, the achieved share of the card's
+/// tensor peak. `device_name` is the GPU's (for its peak).
+pub fn stage(device: &Device, device_name: &str, o: &SpeedOptions) -> Result<Value, String> {
+    let ours = ours(device, o)?;
+    let ours_ips = ours["img_per_s"].as_f64().unwrap_or(f64::NAN);
+    eprintln!(
+        "gpu-check: speed: redline {:.0} img/s ({} {}px, batch {}, bf16)",
+        ours_ips, o.model, o.res, o.batch
+    );
+    let mut report = json!({
+        "model": o.model, "res": o.res, "batch": o.batch, "precision": "bf16",
+        "data": "one u8 NHWC batch resident in pinned host memory, copied and normalised on the device every step",
+        "redline": ours,
+    });
+    if let Some(peak) = peak_for(device_name) {
+        let achieved = report["redline"]["achieved_tflops"].as_f64().unwrap_or(0.0);
+        report["tensor_peak_tflops"] = json!(peak);
+        report["share_of_peak"] = json!(achieved / peak);
+    }
+    if !o.vs_pytorch {
+        report["pytorch"] = json!({"not_run": "the emulator is not a GPU to compare on"});
+        return Ok(report);
+    }
+    match pytorch(o, "cuda") {
+        Ok(theirs) => {
+            for side in ["eager", "compile"] {
+                if let Some(ips) = theirs[side]["img_per_s"].as_f64() {
+                    let ratio = ours_ips / ips;
+                    eprintln!("gpu-check: speed: PyTorch {side} {ips:.0} img/s, redline ÷ PyTorch = {ratio:.2}");
+                    report[format!("ratio_vs_{side}")] = json!(ratio);
+                }
+            }
+            if let Some(r) = report["ratio_vs_eager"].as_f64() {
+                report["goal_at_least_eager"] = json!(r >= 1.0);
+            }
+            report["pytorch"] = theirs;
+        }
+        Err(why) => {
+            eprintln!("gpu-check: speed: PyTorch's side did not run: {why}");
+            report["pytorch"] = json!({ "not_run": why });
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> SpeedOptions {
+        SpeedOptions {
+            model: "resnet18".into(),
+            res: 16,
+            batch: 2,
+            warmup: 1,
+            steps: 2,
+            graph: true,
+            ..SpeedOptions::default()
+        }
+    }
+
+    /// Our side on the CPU: the resident batch feeds the trainer, the timing and the report's
+    /// fields are there, and a device that cannot capture says so instead of replaying.
+    #[test]
+    fn our_side_runs_fed_from_memory_and_reports_its_graph() {
+        let report = ours(&redline_cpu::CpuBackend::device(), &tiny()).unwrap();
+        assert!(report["img_per_s"].as_f64().unwrap() > 0.0, "{report}");
+        assert!(report["loss"].as_f64().unwrap().is_finite(), "{report}");
+        assert_eq!(report["steps"], 2);
+        assert_eq!(report["warmup"], GRAPH_WARMUP_STEPS + 1);
+        assert_eq!(report["graph"]["replays"], 0);
+        assert!(report["graph"]["eager_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("cannot capture")));
+        // ResNet-18's 1.82 GMAC at 224² scale by area.
+        let gmac = report["gmac_per_image"].as_f64().unwrap();
+        assert!(
+            (gmac - 1.82 * (16.0f64 / 224.0).powi(2)).abs() < 0.01,
+            "{gmac}"
+        );
+    }
+
+    /// PyTorch's side as the stage runs it, on the CPU here (the script's --device): its JSON
+    /// comes back whole.
+    #[test]
+    fn pytorch_side_runs_the_script_and_reads_its_report() {
+        let theirs = pytorch(&tiny(), "cpu").unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            theirs["eager"]["img_per_s"].as_f64().unwrap() > 0.0,
+            "{theirs}"
+        );
+        assert_eq!(theirs["fused_adamw"], true);
+        assert_eq!(theirs["channels_last"], true);
+        assert_eq!(theirs["batch"], 2);
+    }
+
+    #[test]
+    fn a_missing_script_or_a_hung_one_is_an_error_naming_it() {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("5");
+        let err = run_with_timeout(cmd, Duration::from_millis(200)).unwrap_err();
+        assert!(err.contains("killed"), "{err}");
+        let err =
+            run_with_timeout(Command::new("/no/such/python"), Duration::from_secs(1)).unwrap_err();
+        assert!(err.contains("could not start"), "{err}");
+    }
+
+    #[test]
+    fn peaks_are_known_for_the_two_cards() {
+        assert_eq!(peak_for("NVIDIA H200"), Some(989.0));
+        assert_eq!(peak_for("NVIDIA GeForce RTX 5090"), Some(209.0));
+        assert_eq!(peak_for("cuda-emulator"), None);
+    }
+}
+
+#[cfg(test)]
+mod emulated {
+    use super::*;
+    use std::sync::Arc;
+
+    /// The stage on the emulated CUDA device at a size it affords: our step is captured after
+    /// the warm-up and replayed, and PyTorch's side is not run on an emulator.
+    #[test]
+    fn the_stage_replays_a_graph_on_the_emulator_and_skips_pytorch() {
+        let backend = redline_cuda::CudaBackend::emulated().unwrap();
+        let device = Device::new(Arc::new(backend));
+        let options = SpeedOptions {
+            model: "resnet18".into(),
+            res: 16,
+            batch: 2,
+            warmup: 0,
+            steps: 1,
+            vs_pytorch: false,
+            ..SpeedOptions::default()
+        };
+        let report = stage(&device, "cuda-emulator", &options).unwrap();
+        let graph = &report["redline"]["graph"];
+        // The capture step replays once in the warm-up, the measured step once more.
+        assert_eq!(graph["replays"], 2, "{report}");
+        assert_eq!(graph["captures"], 1, "{report}");
+        assert_eq!(graph["eager_steps_after_warmup"], 0, "{report}");
+        assert!(
+            graph["kernels_per_step"].as_u64().unwrap() > 100,
+            "{report}"
+        );
+        assert!(report["pytorch"]["not_run"].is_string(), "{report}");
+        assert!(
+            report.get("share_of_peak").is_none(),
+            "no peak for an emulator"
+        );
+    }
+}
