@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use redline_loader::Resident;
 use redline_tensor::Device;
-use redline_train::{Summary, GRAPH_WARMUP_STEPS};
+use redline_train::{Phase, Summary, GRAPH_WARMUP_STEPS};
 use serde_json::{json, Value};
 
 /// What the stage measures.
@@ -111,20 +111,41 @@ pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
     trainer.take_times().map_err(|e| err(&e))?;
     let started = Instant::now();
     let mut last = None;
+    // Each step's phase times arrive a few steps late (read from CUDA events without waiting).
+    let mut times = Vec::new();
     for _ in 0..o.steps {
-        last = Some(trainer.train_step(&mut batches).map_err(|e| err(&e))?);
+        let step = trainer.train_step(&mut batches).map_err(|e| err(&e))?;
+        times.extend(step.times);
+        last = Some(step.loss);
     }
     device.synchronize().map_err(|e| err(&e))?;
     let seconds = started.elapsed().as_secs_f64();
     let loss = match last {
-        Some(step) => step.loss.item().map_err(|e| err(&e))?,
+        Some(loss) => loss.item().map_err(|e| err(&e))?,
         None => f64::NAN,
     };
     if o.steps > 0 && !loss.is_finite() {
         return Err(format!("the loss is {loss}"));
     }
-    let times = trainer.take_times().map_err(|e| err(&e))?;
+    times.extend(trainer.take_times().map_err(|e| err(&e))?);
     let img_per_s = (o.batch * o.steps) as f64 / seconds;
+    // The device's compute time (forward, backward, optimizer — a replay is all three) from
+    // the CUDA events around it, over the wall time: a replay's events bracket one graph
+    // launch, so its time is the graph's; an eager phase's also holds any gap inside it.
+    let compute: f64 = times
+        .iter()
+        .map(|t| {
+            [Phase::Forward, Phase::Backward, Phase::Optimizer]
+                .iter()
+                .map(|&p| t.get(p).as_secs_f64())
+                .sum::<f64>()
+        })
+        .sum();
+    let device_clock = !times.is_empty() && times.iter().all(|t| t.device_clock);
+    let busy = match device_clock && times.len() == o.steps {
+        true => json!(compute / seconds),
+        false => json!(null),
+    };
     // Training is about three forwards: the forward, and a backward of twice its work.
     let tflops = img_per_s * gmac * 2.0 * 3.0 / 1e3;
     let stats = trainer.graph_stats();
@@ -137,6 +158,8 @@ pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
         "pinned_batch": batches.is_pinned(),
         "gmac_per_image": gmac,
         "achieved_tflops": tflops,
+        "busy_fraction": busy,
+        "busy_fraction_from": "CUDA events around each step's compute (a replay: one graph launch) ÷ wall time; null without device timestamps",
         "phases": Summary::new(&times, o.batch).to_json(),
         "graph": {
             "requested": o.graph,
@@ -305,6 +328,9 @@ mod tests {
         assert_eq!(report["steps"], 2);
         assert_eq!(report["warmup"], GRAPH_WARMUP_STEPS + 1);
         assert_eq!(report["graph"]["replays"], 0);
+        // Both measured steps' phases came back (the CPU times them with host timers).
+        assert_eq!(report["phases"]["steps"], 2, "{report}");
+        assert!(report["busy_fraction"].is_null(), "{report}");
         assert!(report["graph"]["eager_reason"]
             .as_str()
             .is_some_and(|r| r.contains("cannot capture")));
@@ -374,6 +400,10 @@ mod emulated {
         // The capture step replays once in the warm-up, the measured step once more.
         assert_eq!(graph["replays"], 2, "{report}");
         assert_eq!(graph["captures"], 1, "{report}");
+        // The emulator has device timestamps: a busy fraction, of the one measured step.
+        let busy = report["redline"]["busy_fraction"].as_f64().unwrap();
+        assert!(busy > 0.0 && busy <= 1.0, "{report}");
+        assert_eq!(report["redline"]["phases"]["steps"], 1, "{report}");
         assert_eq!(graph["eager_steps_after_warmup"], 0, "{report}");
         assert!(
             graph["kernels_per_step"].as_u64().unwrap() > 100,
