@@ -3,9 +3,11 @@
 //!
 //! Same model, resolution, batch, precision (bf16) and classes (1,000) on both sides, both fed
 //! one u8 NHWC batch resident in pinned host memory — copied to the device and normalised there
-//! every step, no decoding (the `training` stage is the loader-fed run). img/s on both sides =
-//! images ÷ wall time between two synchronisations, after a warm-up that absorbs cuDNN's
-//! algorithm search, graph capture and PyTorch's `cudnn.benchmark` (and compile).
+//! every step, no decoding. img/s on both sides = images ÷ wall time between two
+//! synchronisations, after a warm-up that absorbs cuDNN's algorithm search, graph capture and
+//! PyTorch's `cudnn.benchmark` (and compile). Then our step again, fed by the loader from JPEG
+//! shards made on the spot, decoded on every core: its img/s as a share of the memory-fed
+//! run's (the goal: within 5%) and the data stall.
 //!
 //! Ours replays the step as a CUDA graph after the trainer's warm-up. PyTorch runs at its best
 //! (`benches/pytorch/gpu_speed.py`, in the pack as `pytorch/gpu_speed.py`): channels_last,
@@ -38,6 +40,9 @@ pub struct SpeedOptions {
     pub vs_compile: bool,
     /// Run PyTorch's side (not on the emulator: it is no GPU to compare on).
     pub vs_pytorch: bool,
+    /// Our step again fed by the loader from JPEG shards made on the spot, on every core: its
+    /// img/s next to the memory-fed run's, and the data stall.
+    pub vs_loader: bool,
     /// The longest PyTorch's side may take.
     pub pytorch_timeout: Duration,
 }
@@ -53,6 +58,7 @@ impl Default for SpeedOptions {
             graph: true,
             vs_compile: false,
             vs_pytorch: true,
+            vs_loader: true,
             pytorch_timeout: Duration::from_secs(240),
         }
     }
@@ -93,19 +99,65 @@ fn resident_batch(batch: usize, res: usize) -> (Vec<u8>, Vec<i64>) {
 /// Our side on `device`: the trainer fed the resident batch, warm-up, then `steps` steps timed
 /// between two synchronisations.
 pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
+    let (pixels, labels) = resident_batch(o.batch, o.res);
+    let mut batches = Resident::new(pixels, labels, o.res, 3, device.host_allocator())
+        .map_err(|e| e.to_string())?;
+    let mut report = measure(device, o, &mut batches)?;
+    report["pinned_batch"] = json!(batches.is_pinned());
+    Ok(report)
+}
+
+/// Our side fed by the loader: a synthetic JPEG set made in a temporary folder (enough images
+/// for the run), decoded and augmented on every core into the device's pinned buffers.
+pub fn loader_fed(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
+    use redline_loader::{Config, Loader};
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let dir = std::env::temp_dir().join(format!("redline-gpu-speed-{}", std::process::id()));
+    let synth = redline_datasets::generate::SynthOptions {
+        classes: 100,
+        images: (o.batch * 4).max(64) as u64,
+        ..Default::default()
+    };
+    let made = Instant::now();
+    let sets = redline_datasets::generate::synth_shards(&dir, &synth).map_err(|e| err(&e))?;
+    let made = made.elapsed().as_secs_f64();
+    let measured = (|| {
+        let set = redline_shard::ShardSet::open(&sets[0]).map_err(|e| err(&e))?;
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let config = Config {
+            workers,
+            allocator: device.host_allocator(),
+            ..Config::new(o.batch, o.res, true)
+        };
+        let mut loader = Loader::new(std::sync::Arc::new(set), config, Default::default())
+            .map_err(|e| err(&e))?;
+        let mut report = measure(device, o, &mut loader)?;
+        report["data_stall"] = json!(loader.data_stall());
+        report["loader_workers"] = json!(workers);
+        report["synthetic_set_seconds"] = json!(made);
+        Ok(report)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    measured
+}
+
+/// A fresh trainer fed by `batches`: warm-up (with the capture), then `steps` steps timed
+/// between two synchronisations.
+fn measure(
+    device: &Device,
+    o: &SpeedOptions,
+    batches: &mut dyn Iterator<Item = Result<redline_loader::Batch, redline_loader::LoaderError>>,
+) -> Result<Value, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let (mut trainer, macs) =
         crate::bf16_resnet_trainer(device, &o.model, CLASSES, o.res, o.graph)?;
     let gmac = macs as f64 / 1e9;
-    let (pixels, labels) = resident_batch(o.batch, o.res);
-    let mut batches =
-        Resident::new(pixels, labels, o.res, 3, device.host_allocator()).map_err(|e| err(&e))?;
     let warmup = match o.graph {
         true => o.warmup.max(GRAPH_WARMUP_STEPS + 1),
         false => o.warmup,
     };
     for _ in 0..warmup {
-        trainer.train_step(&mut batches).map_err(|e| err(&e))?;
+        trainer.train_step(batches).map_err(|e| err(&e))?;
     }
     device.synchronize().map_err(|e| err(&e))?;
     trainer.take_times().map_err(|e| err(&e))?;
@@ -114,7 +166,7 @@ pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
     // Each step's phase times arrive a few steps late (read from CUDA events without waiting).
     let mut times = Vec::new();
     for _ in 0..o.steps {
-        let step = trainer.train_step(&mut batches).map_err(|e| err(&e))?;
+        let step = trainer.train_step(batches).map_err(|e| err(&e))?;
         times.extend(step.times);
         last = Some(step.loss);
     }
@@ -155,7 +207,6 @@ pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
         "steps": o.steps,
         "warmup": warmup,
         "loss": loss,
-        "pinned_batch": batches.is_pinned(),
         "gmac_per_image": gmac,
         "achieved_tflops": tflops,
         "busy_fraction": busy,
@@ -276,6 +327,18 @@ pub fn stage(device: &Device, device_name: &str, o: &SpeedOptions) -> Result<Val
         report["tensor_peak_tflops"] = json!(peak);
         report["share_of_peak"] = json!(achieved / peak);
     }
+    if o.vs_loader {
+        let fed = loader_fed(device, o)?;
+        if let Some(ips) = fed["img_per_s"].as_f64() {
+            eprintln!(
+                "gpu-check: speed: fed by the loader {ips:.0} img/s ({:.1}% of memory-fed), data stall {:.3}",
+                100.0 * ips / ours_ips,
+                fed["data_stall"].as_f64().unwrap_or(f64::NAN)
+            );
+            report["loader_fed_share_of_memory_fed"] = json!(ips / ours_ips);
+        }
+        report["redline_loader_fed"] = fed;
+    }
     if !o.vs_pytorch {
         report["pytorch"] = json!({"not_run": "the emulator is not a GPU to compare on"});
         return Ok(report);
@@ -342,6 +405,17 @@ mod tests {
         );
     }
 
+    /// The loader-fed run on the CPU: a synthetic set made, decoded by the loader into the
+    /// trainer, the data stall reported.
+    #[test]
+    fn the_loader_fed_run_reports_its_data_stall() {
+        let report = loader_fed(&redline_cpu::CpuBackend::device(), &tiny()).unwrap();
+        assert!(report["img_per_s"].as_f64().unwrap() > 0.0, "{report}");
+        let stall = report["data_stall"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&stall), "{report}");
+        assert_eq!(report["phases"]["steps"], 2, "{report}");
+    }
+
     /// PyTorch's side as the stage runs it, on the CPU here (the script's --device): its JSON
     /// comes back whole.
     #[test]
@@ -393,6 +467,8 @@ mod emulated {
             warmup: 0,
             steps: 1,
             vs_pytorch: false,
+            // Covered on the CPU; on the emulator it would double the test's minutes.
+            vs_loader: false,
             ..SpeedOptions::default()
         };
         let report = stage(&device, "cuda-emulator", &options).unwrap();
