@@ -573,16 +573,9 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
     use redline_loader::{Config, Loader};
     use redline_train::Summary;
     let err = |e: &dyn std::fmt::Display| e.to_string();
-    // A synthetic set made here: enough images for the run, whatever the batch.
-    let dir = std::env::temp_dir().join(format!("redline-gpu-check-{}", std::process::id()));
-    let synth = redline_datasets::generate::SynthOptions {
-        classes: 10,
-        images: (options.batch * 4).max(64) as u64,
-        ..Default::default()
-    };
-    let sets = redline_datasets::generate::synth_shards(&dir, &synth).map_err(|e| err(&e))?;
-    let set = Arc::new(redline_shard::ShardSet::open(&sets[0]).map_err(|e| err(&e))?);
-    let classes = synth.classes as usize;
+    let classes = 10;
+    let (dir, set) = synthetic_set("check", options.batch, classes)?;
+    let set = Arc::new(set);
     let (mut trainer, _) =
         bf16_resnet_trainer(device, &options.model, classes, options.res, options.graph)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -663,6 +656,26 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
             "eager_reason": trainer.graph_stats().eager_reason,
         },
     }))
+}
+
+/// A synthetic JPEG training set of `classes` classes made in a temporary folder named for
+/// `purpose`, with enough images for the run whatever the batch (four batches, at least 64):
+/// the folder (the caller removes it) and the set.
+pub(crate) fn synthetic_set(
+    purpose: &str,
+    batch: usize,
+    classes: usize,
+) -> Result<(PathBuf, redline_shard::ShardSet), String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let dir = std::env::temp_dir().join(format!("redline-gpu-{purpose}-{}", std::process::id()));
+    let synth = redline_datasets::generate::SynthOptions {
+        classes: classes as u32,
+        images: (batch * 4).max(64) as u64,
+        ..Default::default()
+    };
+    let sets = redline_datasets::generate::synth_shards(&dir, &synth).map_err(|e| err(&e))?;
+    let set = redline_shard::ShardSet::open(&sets[0]).map_err(|e| err(&e))?;
+    Ok((dir, set))
 }
 
 /// A ResNet (`model`, `classes` outputs) in bf16 AMP under AdamW (lr 1e-3, weight decay 0.01)

@@ -112,17 +112,10 @@ pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
 pub fn loader_fed(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
     use redline_loader::{Config, Loader};
     let err = |e: &dyn std::fmt::Display| e.to_string();
-    let dir = std::env::temp_dir().join(format!("redline-gpu-speed-{}", std::process::id()));
-    let synth = redline_datasets::generate::SynthOptions {
-        classes: 100,
-        images: (o.batch * 4).max(64) as u64,
-        ..Default::default()
-    };
     let made = Instant::now();
-    let sets = redline_datasets::generate::synth_shards(&dir, &synth).map_err(|e| err(&e))?;
+    let (dir, set) = crate::synthetic_set("speed", o.batch, 100)?;
     let made = made.elapsed().as_secs_f64();
     let measured = (|| {
-        let set = redline_shard::ShardSet::open(&sets[0]).map_err(|e| err(&e))?;
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         let config = Config {
             workers,
