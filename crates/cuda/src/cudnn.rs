@@ -43,6 +43,16 @@ const PARTS: [&str; 7] = [
     "libcudnn_adv.so.9",
 ];
 
+/// What cuDNN says of one candidate algorithm: status, workspace bytes, determinism, math type
+/// and milliseconds (measured by Find; 0 from the heuristic).
+type Candidate = (
+    sys::cudnnStatus_t,
+    usize,
+    sys::cudnnDeterminism_t,
+    sys::cudnnMathType_t,
+    f32,
+);
+
 /// The algorithm chosen for a plan, in its direction's enum.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Algo {
@@ -179,6 +189,14 @@ fn data_type(dtype: DType) -> Option<sys::cudnnDataType_t> {
     }
 }
 
+/// The math type candidates are ranked (and measured) under: true f32, tensor ops for halves.
+fn search_math(dtype: DType) -> sys::cudnnMathType_t {
+    match dtype {
+        DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+        _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    }
+}
+
 /// What a candidate algorithm must satisfy: succeeded, fits the cap, deterministic when asked,
 /// and no TF32 for f32 data.
 fn acceptable(
@@ -279,11 +297,7 @@ impl Cudnn {
             FilterFormat::Nhwc => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
         };
         let conv = result::create_convolution_descriptor().map_err(|e| status("convolution", e))?;
-        let math = if plan.dtype == DType::F32 {
-            sys::cudnnMathType_t::CUDNN_FMA_MATH
-        } else {
-            sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH
-        };
+        let math = search_math(plan.dtype);
         // SAFETY: descriptors just made; every value comes from the plan.
         unsafe {
             result::set_filter4d_descriptor(w, dt, format, plan.w.dims)
@@ -339,30 +353,34 @@ impl Cudnn {
         {
             return Ok(found);
         }
-        let measure = cache.is_some() && may_measure;
-        // A search that fails (a symbol missing, memory for its trials) falls back to the
-        // heuristic; the plan still runs.
-        let ranked = match measure {
-            true => self.ranked(plan, p, true).ok(),
-            false => None,
-        };
-        let (measured, ranked) = match ranked {
-            Some(r) => (true, r),
-            None => (false, self.ranked(plan, p, false)?),
-        };
-        let (algo, (_, memory, _, math, millis)) = ranked
-            .into_iter()
-            .find(|&(_, (s, memory, det, math, _))| {
+        // A cached choice that did not hold may have left its math type on the descriptor.
+        // SAFETY: the descriptor made in `prepare`.
+        unsafe { result::set_convolution_math_type(p.conv, search_math(plan.dtype)) }
+            .map_err(|e| status("math type", e))?;
+        let first_acceptable = |ranked: Vec<(Algo, Candidate)>| {
+            ranked.into_iter().find(|&(_, (s, memory, det, math, _))| {
                 acceptable(plan.dtype, self.deterministic, s, memory, det, math)
             })
-            .ok_or_else(|| {
+        };
+        // A search that fails (a symbol missing, memory for its trials) or finds nothing
+        // acceptable falls back to the heuristic; the plan still runs.
+        let found = match cache.is_some() && may_measure {
+            true => self.ranked(plan, p, true).ok().and_then(first_acceptable),
+            false => None,
+        };
+        let measured = found.is_some();
+        let found = match found {
+            Some(f) => f,
+            None => first_acceptable(self.ranked(plan, p, false)?).ok_or_else(|| {
                 let kind = if self.deterministic {
                     "deterministic "
                 } else {
                     ""
                 };
                 format!("no {kind}algorithm within {} MiB", WORKSPACE_CAP >> 20)
-            })?;
+            })?,
+        };
+        let (algo, (_, memory, _, math, millis)) = found;
         if let (true, Some(cache)) = (measured, cache) {
             let choice = Choice {
                 algorithm: algo.name(),
@@ -408,29 +426,15 @@ impl Cudnn {
         (size <= WORKSPACE_CAP).then_some((algo, math, size))
     }
 
-    /// cuDNN's candidates for the plan's direction, best first, each with (status, workspace,
-    /// determinism, math, milliseconds): measured on the device by Find when `measure` (which
-    /// allocates its own trial buffers and waits for the device), else the heuristic's ranking
-    /// (no times).
-    #[allow(clippy::type_complexity)]
+    /// cuDNN's candidates for the plan's direction, best first: measured on the device by Find
+    /// when `measure` (which allocates its own trial buffers and waits for the device), else
+    /// the heuristic's ranking (no times).
     fn ranked(
         &self,
         plan: &ConvPlan,
         p: &Prepared,
         measure: bool,
-    ) -> Result<
-        Vec<(
-            Algo,
-            (
-                sys::cudnnStatus_t,
-                usize,
-                sys::cudnnDeterminism_t,
-                sys::cudnnMathType_t,
-                f32,
-            ),
-        )>,
-        String,
-    > {
+    ) -> Result<Vec<(Algo, Candidate)>, String> {
         // The three directions' queries differ only in their types and arguments; their perf
         // structs have the same fields, and Find takes the getter's arguments.
         macro_rules! ranked {
