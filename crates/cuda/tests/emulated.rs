@@ -119,13 +119,15 @@ fn broadcasting_strided_and_channels_last_operands() {
 fn batch_norm_walks_channels_last_and_dense_tensors_in_memory_order() {
     // (shape, channels-last): 40 channels (a block of 32 and a ragged one) over 105 rows (not
     // a multiple of the 8 a block reads at once); exactly two channel blocks; NCHW planes of
-    // whole packs; 75 elements (no whole number of packs: the general affine); 2 channels.
-    let cases: [([usize; 4], bool); 5] = [
+    // whole packs; 75 elements (no whole number of packs: the general affine); 2 channels; an
+    // empty batch (sums of zero).
+    let cases: [([usize; 4], bool); 6] = [
         ([3, 40, 5, 7], true),
         ([2, 64, 4, 4], true),
         ([2, 16, 3, 8], false),
         ([1, 3, 5, 5], true),
         ([4, 2, 1, 1], true),
+        ([0, 8, 2, 2], true),
     ];
     for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
         let tol = if dtype.size() == 2 { 1e-2 } else { 1e-4 };

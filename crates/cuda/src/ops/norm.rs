@@ -74,6 +74,10 @@ impl RowsPlan {
             return None;
         }
         let (channels, rows) = (shape[1], x.layout.numel() / shape[1]);
+        if rows == 0 {
+            // Nothing to read: the general kernel writes the zero sums.
+            return None;
+        }
         let across = channels.div_ceil(ROWS_LANES);
         let chunks = ROWS_TARGET_BLOCKS
             .div_ceil(across)
@@ -104,7 +108,7 @@ pub fn stats(
     partials: Option<DevicePtr>,
 ) -> Result<()> {
     let (n, c, inner) = split(x.layout.shape());
-    if c == 0 || x.layout.numel() == 0 {
+    if c == 0 {
         return Ok(());
     }
     if let (Some(plan), Some(partials)) = (RowsPlan::new(x, y), partials) {
@@ -334,6 +338,9 @@ mod tests {
         let small = Layout::channels_last(&[1, 40, 3, 5]).unwrap();
         let plan = RowsPlan::new(&operand(&small, DType::F32, 0), None).unwrap();
         assert_eq!((plan.rows, plan.chunks, plan.rows_per_chunk), (15, 2, 8));
+        // An empty batch has no rows to split.
+        let empty = Layout::channels_last(&[0, 40, 3, 5]).unwrap();
+        assert_eq!(RowsPlan::new(&operand(&empty, DType::F32, 0), None), None);
     }
 
     #[test]
