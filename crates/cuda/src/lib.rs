@@ -738,19 +738,16 @@ impl Backend for CudaBackend {
             .transpose()?;
         let ptr = self.buffer(&out)?.ptr;
         let xo = self.operand(x)?;
-        // Scratch for the channels-last kernel's partial sums, freed in stream order.
-        let partials = ops::norm::RowsPlan::new(&xo, yo.as_ref())
-            .map(|plan| self.alloc(stats_dtype(x.dtype()), plan.partials()))
+        // A channels-last x's plan and scratch for its partial sums (freed in stream order).
+        let plan = ops::norm::RowsPlan::new(&xo, yo.as_ref());
+        let partials = plan
+            .map(|p| self.alloc(stats_dtype(x.dtype()), p.partials()))
             .transpose()?;
-        let scratch = partials.as_ref().map(|p| self.buffer(p)).transpose()?;
-        ops::norm::stats(
-            &*self.gpu,
-            &xo,
-            yo.as_ref(),
-            gate,
-            ptr,
-            scratch.map(|b| b.ptr),
-        )?;
+        let rows = match (plan, &partials) {
+            (Some(plan), Some(scratch)) => Some((plan, self.buffer(scratch)?.ptr)),
+            _ => None,
+        };
+        ops::norm::stats(&*self.gpu, &xo, yo.as_ref(), gate, ptr, rows)?;
         Ok(out)
     }
 

@@ -175,3 +175,28 @@ fn strided4(base: u32, i0: u32, i1: u32, i2: u32, i3: u32) -> u32 {
 
 /// The linear index of a 1-d kernel dispatched with [`grid`] at 256 threads per group.
 pub(crate) const MAIN_1D: &str = "@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {\n    let i = gid.x + gid.y * nw.x * 256u;\n";
+
+/// WGSL: the workgroup array `sh` of `threads` f32 (a power of two) and two tree reductions
+/// over it. Every invocation puts its value in `sh[t]` and calls `tree_sum(t)` or
+/// `tree_max(t)`; the result is in `sh[0]` (read it before `sh` is written again, after a
+/// barrier). The order of combination depends only on `threads`: the same bits every run.
+pub fn workgroup_trees(threads: u32) -> String {
+    let tree = |name: &str, combine: &str| {
+        format!(
+            r#"fn {name}(t: u32) {{
+    workgroupBarrier();
+    for (var s = {half}u; s > 0u; s = s >> 1u) {{
+        if (t < s) {{ sh[t] = {combine}; }}
+        workgroupBarrier();
+    }}
+}}
+"#,
+            half = threads / 2
+        )
+    };
+    format!(
+        "var<workgroup> sh: array<f32, {threads}>;\n{}{}",
+        tree("tree_sum", "sh[t] + sh[t + s]"),
+        tree("tree_max", "max(sh[t], sh[t + s])")
+    )
+}

@@ -97,21 +97,22 @@ impl RowsPlan {
     }
 }
 
-/// `[Σ other, Σ x·other]` per channel into the contiguous `[2, C]` at `out`. A channels-last
-/// x (a [`RowsPlan`]) needs `partials`, [`RowsPlan::partials`] elements of scratch.
+/// `[Σ other, Σ x·other]` per channel into the contiguous `[2, C]` at `out`. With `rows` (a
+/// channels-last x's [`RowsPlan`] and scratch of [`RowsPlan::partials`] elements) the
+/// rows × channels kernels run, else the block-per-channel one.
 pub fn stats(
     gpu: &dyn Gpu,
     x: &Operand,
     y: Option<&Operand>,
     gate: Option<DevicePtr>,
     out: DevicePtr,
-    partials: Option<DevicePtr>,
+    rows: Option<(RowsPlan, DevicePtr)>,
 ) -> Result<()> {
     let (n, c, inner) = split(x.layout.shape());
     if c == 0 {
         return Ok(());
     }
-    if let (Some(plan), Some(partials)) = (RowsPlan::new(x, y), partials) {
+    if let Some((plan, partials)) = rows {
         return stats_rows(gpu, &plan, x, y, gate, out, partials);
     }
     let device = gpu.name();

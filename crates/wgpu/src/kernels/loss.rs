@@ -11,17 +11,6 @@ use crate::shader::{self, grid};
 
 const THREADS: u32 = 64;
 
-/// A tree sum of `sh` over the workgroup (every invocation reaches it), leaving it in `sh[0]`.
-const TREE: &str = r#"
-fn tree_sum(t: u32) {
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {
-        if (t < s) { sh[t] = sh[t] + sh[t + s]; }
-        workgroupBarrier();
-    }
-}
-"#;
-
 /// The loss (one element of the logits' dtype) and, with `grad`, ∂loss/∂logits (`[N, C]`
 /// contiguous) of `logits` `[N, C]` (any strides) against the i64 `targets` at element
 /// `targets.1` of their buffer.
@@ -51,7 +40,8 @@ pub(crate) fn cross_entropy(
     ];
     let head = |src: &mut String| {
         src.push_str(&format!(
-            "var<workgroup> sh: array<f32, {THREADS}>;\n{TREE}\nfn kept(o: u32) -> bool {{ return params[8] == 0u || i32(load_tg(params[5] + o)) != bitcast<i32>(params[6]); }}\n"
+            "{}\nfn kept(o: u32) -> bool {{ return params[8] == 0u || i32(load_tg(params[5] + o)) != bitcast<i32>(params[6]); }}\n",
+            shader::workgroup_trees(THREADS)
         ));
     };
     // 1: how many samples count (f32 scratch: [count]).
@@ -118,11 +108,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
     var m = -3.4e38;
     for (var j = t; j < c; j = j + 64u) {{ m = max(m, load_x(at(o, j))); }}
     sh[t] = m;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {{
-        if (t < s) {{ sh[t] = max(sh[t], sh[t + s]); }}
-        workgroupBarrier();
-    }}
+    tree_max(t);
     let mx = sh[0];
     workgroupBarrier();
     var e = 0.0;
@@ -166,9 +152,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
         src.push_str(&shader::input("rows", 1, DType::F32));
         src.push_str(&shader::input("cnt", 2, DType::F32));
         src.push_str(&shader::output("y", 3, dtype));
-        src.push_str(&format!(
-            "var<workgroup> sh: array<f32, {THREADS}>;\n{TREE}\n"
-        ));
+        src.push_str(&shader::workgroup_trees(THREADS));
         src.push_str(&format!(
             r#"@compute @workgroup_size({THREADS})
 fn main(@builtin(local_invocation_index) t: u32) {{

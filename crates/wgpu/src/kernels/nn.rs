@@ -37,8 +37,7 @@ pub(crate) fn softmax(
         src.push_str(&shader::output("y", 2, x.dtype));
         src.push_str(&format!(
             r#"
-var<workgroup> sh: array<f32, 64>;
-
+{trees}
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>, @builtin(local_invocation_index) t: u32) {{
     let o = wid.x + wid.y * nw.x;
@@ -51,21 +50,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
     var m = -3.4e38;
     for (var j = t; j < len; j = j + 64u) {{ m = max(m, load_a(xb + j * xs)); }}
     sh[t] = m;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {{
-        if (t < s) {{ sh[t] = max(sh[t], sh[t + s]); }}
-        workgroupBarrier();
-    }}
+    tree_max(t);
     let mx = sh[0];
     workgroupBarrier();
     var acc = 0.0;
     for (var j = t; j < len; j = j + 64u) {{ acc = acc + exp(load_a(xb + j * xs) - mx); }}
     sh[t] = acc;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {{
-        if (t < s) {{ sh[t] = sh[t] + sh[t + s]; }}
-        workgroupBarrier();
-    }}
+    tree_sum(t);
     let total = sh[0];
     for (var j = t; j < len; j = j + 64u) {{
         let v = load_a(xb + j * xs) - mx;
@@ -74,6 +65,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
 }}
 "#,
             out_base = 2 + LAYOUT_WORDS,
+            trees = shader::workgroup_trees(64),
         ));
         src
     });

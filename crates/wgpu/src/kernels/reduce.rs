@@ -112,18 +112,7 @@ pub(crate) fn sum_squares(
     let total: usize = blocks.iter().sum();
     let partials = ctx.alloc(shader::storage_bytes(DType::F32, total));
     let tree = |store: &str| {
-        format!(
-            r#"    sh[t] = acc;
-    workgroupBarrier();
-    for (var s = {half}u; s > 0u; s = s >> 1u) {{
-        if (t < s) {{ sh[t] = sh[t] + sh[t + s]; }}
-        workgroupBarrier();
-    }}
-    if (t == 0u) {{ {store} }}
-}}
-"#,
-            half = THREADS / 2
-        )
+        format!("    sh[t] = acc;\n    tree_sum(t);\n    if (t == 0u) {{ {store} }}\n}}\n")
     };
     let part = ctx.pipeline(&format!("sum_squares_part|{dtype:?}"), || {
         let mut src = shader::prelude(&[dtype]);
@@ -131,8 +120,7 @@ pub(crate) fn sum_squares(
         src.push_str(&shader::output("p", 2, DType::F32));
         src.push_str(&format!(
             r#"
-var<workgroup> sh: array<f32, {THREADS}>;
-
+{trees}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {{
     let step = params[2] * {THREADS}u;
@@ -141,7 +129,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let v = load_a(j);
         acc = acc + v * v;
     }}
-"#
+"#,
+            trees = shader::workgroup_trees(THREADS)
         ));
         src.push_str(&tree("store_p(params[1] + wid.x, sh[0]);"));
         src
@@ -164,13 +153,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         src.push_str(&shader::output("y", 2, out_dtype));
         src.push_str(&format!(
             r#"
-var<workgroup> sh: array<f32, {THREADS}>;
-
+{trees}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(local_invocation_index) t: u32) {{
     var acc: f32 = 0.0;
     for (var j = t; j < params[0]; j = j + {THREADS}u) {{ acc = acc + load_p(j); }}
-"#
+"#,
+            trees = shader::workgroup_trees(THREADS)
         ));
         src.push_str(&tree("store_y(0u, sh[0]);"));
         src
