@@ -60,6 +60,18 @@ const MUTATIONS: &[Mutation] = &[
         mutated: "for (i64 r = start + threadIdx.y; r < end - 1; r += ROWS_AT_ONCE) {",
     },
     Mutation {
+        name: "thread-per-output reduction skipping its last element",
+        file: "reduce.cu",
+        original: "for (i64 j = 0; j < r; j++) acc +=",
+        mutated: "for (i64 j = 0; j < r - 1; j++) acc +=",
+    },
+    Mutation {
+        name: "channels-last pooling walk stepping rows by the wrong width",
+        file: "pool.cu",
+        original: "        y = (i / (C * W)) % H;",
+        mutated: "        y = (i / (C * H)) % H;",
+    },
+    Mutation {
         name: "cross-entropy gradient without its label smoothing",
         file: "softmax.cu",
         original: "exp(v - lse) - hot - eps / (A)c)",

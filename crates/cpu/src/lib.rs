@@ -387,11 +387,18 @@ impl Backend for CpuBackend {
         let plane = out.shape()[2] * out.shape()[3];
         let index = self.buffer(positions.storage)?.read();
         let data = self.buffer(g.storage)?.read();
-        let grad = match ops::nn::dense_in_range(&index, positions.layout, 2, plane)? {
-            Some(at) => ops::pool::max_pool2d_grad(&data, g.layout, at, p, out),
+        // Read in place when laid out as max_pool2d writes them (channels-last or row-major);
+        // any other view is checked into a row-major copy.
+        let row_major = Layout::contiguous(positions.layout.shape());
+        let order = match ops::pool::is_channels_last(positions.layout) {
+            true => positions.layout,
+            false => &row_major,
+        };
+        let grad = match ops::nn::dense_in_range(&index, positions.layout, order, 2, plane)? {
+            Some(at) => ops::pool::max_pool2d_grad(&data, g.layout, at, order, p, out),
             None => {
                 let at = ops::nn::checked_index(&index, positions.layout, 2, plane)?;
-                ops::pool::max_pool2d_grad(&data, g.layout, &at, p, out)
+                ops::pool::max_pool2d_grad(&data, g.layout, &at, &row_major, p, out)
             }
         };
         Ok(self.store(grad))

@@ -86,8 +86,9 @@ pub fn fill(dtype: DType) -> String {
     format!("fill<{}>", ctype(dtype))
 }
 
-pub fn reduce(dtype: DType, op: ReduceOp) -> String {
-    format!("reduce<{}, ReduceOp::{op:?}>", ctype(dtype))
+/// `kernel` is `reduce` (a block per output) or `reduce_columns` (a thread per output).
+pub fn reduce(kernel: &str, dtype: DType, op: ReduceOp) -> String {
+    format!("{kernel}<{}, ReduceOp::{op:?}>", ctype(dtype))
 }
 
 pub fn softmax(dtype: DType, log: bool) -> String {
@@ -212,7 +213,9 @@ pub fn families() -> Vec<Family> {
         let ops = ReduceOp::ALL
             .iter()
             .filter(|&&op| crate::matrix::reduce(op, d));
-        reductions.extend(ops.map(|&op| reduce(d, op)));
+        for kernel in ["reduce", "reduce_columns"] {
+            reductions.extend(ops.clone().map(|&op| reduce(kernel, d, op)));
+        }
     }
     let floats_of = |f: fn(DType) -> String| floats.iter().map(|&d| f(d)).collect::<Vec<_>>();
     let mut softmaxes = Vec::new();

@@ -662,7 +662,7 @@ impl Backend for CudaBackend {
     ) -> Result<(Storage, Storage)> {
         let _range = nvtx::range("max_pool2d");
         let y = self.alloc_for(x.dtype(), out)?;
-        let positions = self.alloc(DType::I64, out.numel())?;
+        let positions = self.alloc_for(DType::I64, out)?;
         let (xo, yo) = (self.operand(x)?, self.output(&y, out)?);
         ops::pool::max_pool2d(&*self.gpu, &xo, p, &yo, self.buffer(&positions)?.ptr)?;
         Ok((y, positions))

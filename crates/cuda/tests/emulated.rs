@@ -8,7 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use redline_cuda::{CudaBackend, KernelArgs, LaunchShape};
-use redline_tensor::{DType, Device, Tensor};
+use redline_tensor::{DType, Device, Pool2dParams, Tensor};
 use redline_testkit::{run_conformance, SuiteConfig};
 
 fn device() -> Device {
@@ -184,6 +184,58 @@ fn batch_norm_walks_channels_last_and_dense_tensors_in_memory_order() {
 }
 
 #[test]
+fn pooling_walks_channels_last_and_nchw_tensors_in_memory_order() {
+    // (shape, kernel, stride, padding): overlapping windows with padding over 40 channels (a
+    // warp and a ragged one), windows that tile the plane, one channel (walked by width).
+    let cases = [
+        ([2, 40, 9, 7], 3, 2, 1),
+        ([3, 5, 8, 8], 2, 2, 0),
+        ([2, 1, 6, 5], 3, 1, 1),
+    ];
+    for dtype in [DType::F32, DType::BF16] {
+        let tol = if dtype == DType::BF16 { 1e-2 } else { 1e-5 };
+        for (shape, k, s, pad) in cases {
+            let p = Pool2dParams {
+                kernel: [k, k],
+                stride: [s, s],
+                padding: [pad, pad],
+            };
+            for channels_last in [true, false] {
+                let what = format!("{dtype} {shape:?} {p:?} channels-last {channels_last}");
+                let layout = |t: Tensor| match channels_last {
+                    true => t.to_channels_last().unwrap(),
+                    false => t,
+                };
+                // Values with ties (the ramp repeats every 101), so the first maximum counts.
+                let x = |d: &Device| {
+                    let n = shape.iter().product();
+                    let t = Tensor::from_slice(&ramp(n, 0.05), &shape, d).unwrap();
+                    layout(t.cast(dtype).unwrap()).with_requires_grad(true)
+                };
+                let pooled = |d: &Device, max: bool| {
+                    let x = x(d);
+                    let y = match max {
+                        true => x.max_pool2d(p).unwrap(),
+                        false => x.avg_pool2d(p).unwrap(),
+                    };
+                    assert_eq!(y.is_channels_last(), channels_last, "{what}");
+                    let g = Tensor::from_slice(&ramp(y.numel(), 0.03), y.shape(), d).unwrap();
+                    y.backward_with(&layout(g.cast(dtype).unwrap())).unwrap();
+                    (y, x.grad().expect("x's gradient"))
+                };
+                for max in [true, false] {
+                    let kind = if max { "max" } else { "avg" };
+                    same_as_reference(&format!("{kind} pool {what}"), tol, |d| pooled(d, max).0);
+                    same_as_reference(&format!("{kind} pool grad {what}"), tol, |d| {
+                        pooled(d, max).1
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn reductions_over_several_axes_of_strided_views() {
     let make = |d: &Device| {
         Tensor::from_slice(&ramp(2 * 3 * 4 * 37, 0.07), &[2, 3, 4, 37], d)
@@ -199,6 +251,33 @@ fn reductions_over_several_axes_of_strided_views() {
         make(d).max(&[1, 3], true).unwrap()
     });
     same_as_reference("argmax over 3", 0.0, |d| make(d).argmax(3, true).unwrap());
+    // A thread per output (kept axes innermost, ≥ 2048 outputs of ≤ 256 elements): a
+    // channels-last mean over the plane (global average pooling), a max and an argmax down the
+    // rows of a row-major matrix, an integer sum; every grid-stride tail of 256-thread blocks.
+    let pooled = |d: &Device| {
+        Tensor::from_slice(&ramp(3 * 700 * 3 * 5, 0.03), &[3, 700, 3, 5], d)
+            .unwrap()
+            .to_channels_last()
+            .unwrap()
+    };
+    same_as_reference("channels-last global average pool", 1e-5, |d| {
+        pooled(d).global_avg_pool().unwrap()
+    });
+    same_as_reference("channels-last half sum over the plane", 1e-2, |d| {
+        pooled(d)
+            .cast(DType::BF16)
+            .unwrap()
+            .sum(&[2, 3], false)
+            .unwrap()
+    });
+    let rows = |d: &Device| Tensor::from_slice(&ramp(9 * 2100, 0.02), &[9, 2100], d).unwrap();
+    same_as_reference("max down rows", 0.0, |d| rows(d).max(&[0], false).unwrap());
+    same_as_reference("argmax down rows", 0.0, |d| {
+        rows(d).argmax(0, false).unwrap()
+    });
+    same_as_reference("integer sum down rows", 0.0, |d| {
+        rows(d).cast(DType::I64).unwrap().sum(&[0], false).unwrap()
+    });
     // More than one block's worth of reduced elements per output (600 > 256 threads).
     same_as_reference("sum of 2 × 600", 1e-5, |d| {
         Tensor::from_slice(&ramp(1200, 0.01), &[2, 600], d)

@@ -902,8 +902,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
         weight_shape: &[usize],
     ) -> Result<Storage>;
 
-    /// Max pooling into layout `out`, plus (contiguous, i64) the flat `h * W + w` position of
-    /// each output's maximum in its input plane (first maximum on ties).
+    /// Max pooling into layout `out`, plus (i64, also in layout `out`) the flat `h * W + w`
+    /// position of each output's maximum in its input plane (first maximum on ties). The
+    /// positions share the values' layout so a device writes both in one memory-order walk
+    /// (channels-last under AMP), as PyTorch lays out its indices.
     fn max_pool2d(&self, x: View<'_>, p: &Pool2dParams, out: &Layout)
         -> Result<(Storage, Storage)>;
 

@@ -354,7 +354,7 @@ impl Backend for Reference {
         let (y, at) = ops::conv::reference::max_pool2d(&xs, x.layout.shape(), p, out.numel());
         Ok((
             self.produce(x.dtype(), out, |i| y[i]),
-            self.store(DType::I64, at),
+            self.produce(DType::I64, out, |i| at[i]),
         ))
     }
 

@@ -57,17 +57,19 @@ fn out_of_range(k: &dyn std::fmt::Display, axis: usize, len: usize) -> TensorErr
 /// A dense i64 index storage read in place, every value checked to lie in `0..len` (one
 /// read-only pass on every core: no converted copy, which for a max pool's positions — 1.6 M
 /// of them at ResNet's stem — was a single-threaded pass writing 13 MB of fresh pages); None
-/// for any other storage (use [`checked_index`]).
+/// for any other storage (use [`checked_index`]). The values are returned in memory order, so
+/// `il` must be `order` exactly (row-major, or channels-last for a max pool's positions).
 pub(crate) fn dense_in_range<'a>(
     index: &'a Data,
     il: &Layout,
+    order: &Layout,
     axis: usize,
     len: usize,
 ) -> Result<Option<&'a [i64]>> {
     let Data::I64(v) = index else {
         return Ok(None);
     };
-    if *il != Layout::contiguous(il.shape()) {
+    if il != order {
         return Ok(None);
     }
     let v = &v[il.offset()..il.offset() + il.numel()];

@@ -5,7 +5,7 @@ use redline_tensor::backend::Pool2dParams;
 use redline_tensor::Layout;
 
 use crate::buffer::{as_compute, from_compute, overwritten, with_compute, zeros, Data, Real};
-use crate::ops::elementwise::dense;
+use crate::ops::elementwise::{dense, relayout};
 use crate::parallel::{self, Disjoint};
 
 /// One plane's geometry: input `h × w` at `strides` (row, column), output `ho × wo`.
@@ -73,10 +73,12 @@ fn planes(xl: &Layout, f: impl Fn(usize, usize) + Sync) {
 }
 
 /// Whether `l` is the dense channels-last layout of its shape.
-fn is_channels_last(l: &Layout) -> bool {
+pub(crate) fn is_channels_last(l: &Layout) -> bool {
     Layout::channels_last(l.shape()).is_ok_and(|cl| cl.strides() == l.strides() && l.offset() == 0)
 }
 
+/// Max pooling into layout `out`, with each output's first-maximum position (flat in its input
+/// plane) laid out as `out` too.
 pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> (Data, Data) {
     let small_planes = xl.shape()[2].saturating_mul(xl.shape()[3]) <= u32::MAX as usize;
     if is_channels_last(xl) && is_channels_last(out) && small_planes {
@@ -109,13 +111,15 @@ pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) 
             }
         });
         let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
+        let at = relayout(&at, &Layout::contiguous(out.shape()), out);
         (from_compute(x.dtype(), values), Data::I64(at))
     })
 }
 
 /// Max pooling of a channels-last input into a channels-last output: per output pixel, every
 /// window position is one contiguous run of C channels (a plane-by-plane walk would read each
-/// cache line once per channel). Same values, same positions (and NaN rule) as the plane walk.
+/// cache line once per channel). Same values, same positions (and NaN rule) as the plane walk;
+/// positions channels-last as the values.
 fn max_pool2d_channels_last(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) -> (Data, Data) {
     let s = xl.shape();
     let (n, c) = (s[0], s[1]);
@@ -127,27 +131,29 @@ fn max_pool2d_channels_last(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layou
         if values.is_empty() {
             return (from_compute(x.dtype(), values), Data::I64(Vec::new()));
         }
-        // Positions are returned NCHW (row-major over the output shape), as the plane walk's:
-        // each output row's are kept [ox][channel] and written out channel by channel.
         let mut at = overwritten::<i64>(n * c * ho * wo);
         let (vo, ao) = (Disjoint::new(&mut values), Disjoint::new(&mut at));
         let rows = n * ho;
         parallel::for_parts(rows, parallel::parts_for(rows * wo * c, 1 << 14), |_, range| {
             let mut best = vec![C::NEG_INFINITY; c];
-            let mut pos = vec![0u32; wo * c];
+            // u32 while searching (the vectorised select), i64 when stored.
+            let mut pos = vec![0u32; c];
             for row in range {
                 let (b, oy) = (row / ho, row % ho);
                 // SAFETY: each output row (image b, row oy) is written by one part.
-                let vs = unsafe { vo.slice(row * wo * c..(row + 1) * wo * c) };
-                for (ox, ps) in pos.chunks_exact_mut(c).enumerate() {
+                let (vs, ats) = unsafe {
+                    let run = row * wo * c..(row + 1) * wo * c;
+                    (vo.slice(run.clone()), ao.slice(run))
+                };
+                for ox in 0..wo {
                     best.fill(C::NEG_INFINITY);
-                    ps.fill(0);
+                    pos.fill(0);
                     plane.window(oy, ox, |iy, ix| {
                         let px = &src[((b * plane.h + iy) * plane.w + ix) * c..][..c];
                         // (< 2³² per plane: checked by the caller.)
                         let here = (iy * plane.w + ix) as u32;
                         // Branch-free (vectorised): the first maximum, NaN beating numbers.
-                        for ((v, bst), p) in px.iter().zip(best.iter_mut()).zip(ps.iter_mut()) {
+                        for ((v, bst), p) in px.iter().zip(best.iter_mut()).zip(pos.iter_mut()) {
                             // (`|`, `&`: no short circuit, so the loop stays branch-free.)
                             let take = (*v > *bst) | (v.is_nan() & !bst.is_nan());
                             *bst = if take { *v } else { *bst };
@@ -155,12 +161,7 @@ fn max_pool2d_channels_last(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layou
                         }
                     });
                     vs[ox * c..(ox + 1) * c].copy_from_slice(&best);
-                }
-                for ch in 0..c {
-                    let start = ((b * c + ch) * ho + oy) * wo;
-                    // SAFETY: channel ch's positions of output row (b, oy): this part's.
-                    let dst = unsafe { ao.slice(start..start + wo) };
-                    for (d, p) in dst.iter_mut().zip(pos.iter().skip(ch).step_by(c)) {
+                    for (d, p) in ats[ox * c..(ox + 1) * c].iter_mut().zip(&pos) {
                         *d = i64::from(*p);
                     }
                 }
@@ -210,31 +211,35 @@ pub(crate) fn avg_pool2d_grad(g: &Data, gl: &Layout, p: &Pool2dParams, out: &Lay
     })
 }
 
-/// The gradient of max pooling: each output's gradient added at its maximum, `at[o]` (flat
-/// in-plane positions, checked by the caller), in output order.
+/// The gradient of max pooling: each output's gradient added at its maximum, `at` (flat
+/// in-plane positions, checked by the caller, laid out densely as `at_layout`: the gradient's
+/// order as [`max_pool2d`] wrote them, or row-major), in output order.
 pub(crate) fn max_pool2d_grad<P: Position>(
     g: &Data,
     gl: &Layout,
     at: &[P],
+    at_layout: &Layout,
     p: &Pool2dParams,
     out: &Layout,
 ) -> Data {
-    if is_channels_last(gl) && is_channels_last(out) {
+    if is_channels_last(gl) && is_channels_last(out) && is_channels_last(at_layout) {
         return max_pool2d_grad_channels_last(g, gl, at, p, out);
     }
     let plane = Plane::new(out.shape(), gl.shape(), p);
-    let per_out = plane.ho * plane.wo;
+    let c = gl.shape()[1];
+    let s = at_layout.strides();
     with_compute!(g.dtype(), C => {
         let values = route(&as_compute::<C>(g), gl, &plane, |gx, i, oy, ox, v| {
-            gx[at[i * per_out + oy * plane.wo + ox].index()] += v;
+            let o = (i / c) * s[0] + (i % c) * s[1] + oy * s[2] + ox * s[3];
+            gx[at[o].index()] += v;
         });
         let values = dense(&values, &Layout::contiguous(out.shape()), out).into_owned();
         from_compute(g.dtype(), values)
     })
 }
 
-/// [`max_pool2d_grad`] from a channels-last gradient into a channels-last input gradient,
-/// without the plane walk's strided reads and the relayout after it. One task per image (windows
+/// [`max_pool2d_grad`] from a channels-last gradient and positions into a channels-last input
+/// gradient, without the plane walk's strided reads and the relayout after it. One task per image (windows
 /// overlap across output rows); within it each channel's gradients are added in the plane walk's
 /// order (output rows, then columns), so the sums are bit for bit the same.
 fn max_pool2d_grad_channels_last<P: Position>(
@@ -256,13 +261,13 @@ fn max_pool2d_grad_channels_last<P: Position>(
                 // SAFETY: each image's input gradient is written by one part.
                 let gx = unsafe { vo.slice(b * per_in * c..(b + 1) * per_in * c) };
                 for oy in 0..ho {
-                    let g_row = &src[(b * ho + oy) * wo * c..][..wo * c];
-                    for ch in 0..c {
-                        // Positions are NCHW over the output shape: this channel's row is
-                        // contiguous.
-                        let pos = &at[((b * c + ch) * ho + oy) * wo..][..wo];
-                        for (ox, &at) in pos.iter().enumerate() {
-                            gx[at.index() * c + ch] += g_row[ox * c + ch];
+                    let row = (b * ho + oy) * wo * c..(b * ho + oy + 1) * wo * c;
+                    let (g_row, at_row) = (&src[row.clone()], &at[row]);
+                    // Each channel still takes its adds in (row, column) order.
+                    for ox in 0..wo {
+                        let (gs, ats) = (&g_row[ox * c..][..c], &at_row[ox * c..][..c]);
+                        for (ch, (&v, &at)) in gs.iter().zip(ats).enumerate() {
+                            gx[at.index() * c + ch] += v;
                         }
                     }
                 }
@@ -323,7 +328,8 @@ mod tests {
     use crate::ops::elementwise::relayout;
 
     /// The channels-last forward equals the plane walk: values bit for bit and positions
-    /// (written NCHW), with ties (first maximum wins) and NaNs (a NaN beats any number).
+    /// (both laid out as the output), with ties (first maximum wins) and NaNs (a NaN beats any
+    /// number).
     #[test]
     fn channels_last_max_pool_matches_the_plane_walk() {
         let (n, c, h, w) = (2, 11, 9, 7);
@@ -351,7 +357,13 @@ mod tests {
         let (Data::I64(plain_at), Data::I64(fast_at)) = (plain_at, fast_at) else {
             panic!("i64 positions")
         };
-        assert_eq!(plain_at, fast_at);
+        assert_eq!(plain_at, relayout(&fast_at, &cl(&ys), &nchw(&ys)));
+        // The plane walk into a channels-last output lays its positions out channels-last too.
+        let (_, mixed_at) = max_pool2d(&Data::F32(x.clone()), &nchw(&xs), &p, &cl(&ys));
+        let Data::I64(mixed_at) = mixed_at else {
+            panic!("i64 positions")
+        };
+        assert_eq!(mixed_at, fast_at);
         // No channels: an empty result, not a panic.
         let (xs, ys) = ([2, 0, 9, 7], [2, 0, 5, 4]);
         let (v, at) = max_pool2d(&Data::F32(Vec::new()), &cl(&xs), &p, &cl(&ys));
@@ -359,7 +371,8 @@ mod tests {
     }
 
     /// The channels-last max-pool gradient equals the plane walk's bit for bit, with
-    /// overlapping windows (3×3, stride 2, padding 1) so that positions collect several adds.
+    /// overlapping windows (3×3, stride 2, padding 1) so that positions collect several adds;
+    /// positions in either order are read through their layout on the plane walk.
     #[test]
     fn channels_last_max_pool_grad_matches_the_plane_walk() {
         let (n, c, h, w) = (3, 5, 9, 7);
@@ -376,26 +389,54 @@ mod tests {
         let (xs, gs) = ([n, c, h, w], [n, c, ho, wo]);
         let nchw = |s: &[usize]| Layout::contiguous(s);
         let cl = |s: &[usize]| Layout::channels_last(s).expect("rank 4");
-        // Positions from the NCHW forward (row-major over the output shape, as the API says).
+        // Positions from the NCHW forward (row-major, as its output), and channels-last.
         let (_, at) = max_pool2d(&Data::F32(x.clone()), &nchw(&xs), &p, &nchw(&gs));
         let Data::I64(at) = at else {
             panic!("positions are i64")
         };
-        let at: Vec<usize> = at.iter().map(|&v| v as usize).collect();
-        let plain = max_pool2d_grad(&Data::F32(gv.clone()), &nchw(&gs), &at, &p, &nchw(&xs));
+        let at_cl = relayout(&at, &nchw(&gs), &cl(&gs));
         let g_cl = relayout(&gv, &nchw(&gs), &cl(&gs));
-        let fast = max_pool2d_grad(&Data::F32(g_cl), &cl(&gs), &at, &p, &cl(&xs));
-        let (Data::F32(plain), Data::F32(fast)) = (plain, fast) else {
+        let bits = |d: Data, l: &Layout| {
+            let Data::F32(v) = d else { panic!("f32 out") };
+            let v = relayout(&v, l, &nchw(&xs));
+            v.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let plain = max_pool2d_grad(
+            &Data::F32(gv.clone()),
+            &nchw(&gs),
+            &at,
+            &nchw(&gs),
+            &p,
+            &nchw(&xs),
+        );
+        let Data::F32(plain) = plain else {
             panic!("f32 out")
         };
-        let fast = relayout(&fast, &cl(&xs), &nchw(&xs));
+        let want = bits(Data::F32(plain.clone()), &nchw(&xs));
         assert!(
             plain.iter().any(|&v| v > 0.2),
             "some positions collect several adds"
         );
+        let fast = max_pool2d_grad(
+            &Data::F32(g_cl.clone()),
+            &cl(&gs),
+            &at_cl,
+            &cl(&gs),
+            &p,
+            &cl(&xs),
+        );
+        assert_eq!(bits(fast, &cl(&xs)), want, "channels-last throughout");
+        let mixed = max_pool2d_grad(&Data::F32(g_cl), &cl(&gs), &at, &nchw(&gs), &p, &cl(&xs));
         assert_eq!(
-            plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            bits(mixed, &cl(&xs)),
+            want,
+            "row-major positions, channels-last gradient"
+        );
+        let mixed = max_pool2d_grad(&Data::F32(gv), &nchw(&gs), &at_cl, &cl(&gs), &p, &nchw(&xs));
+        assert_eq!(
+            bits(mixed, &nchw(&xs)),
+            want,
+            "channels-last positions, NCHW gradient"
         );
     }
 }

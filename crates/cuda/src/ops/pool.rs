@@ -1,6 +1,6 @@
 //! Launchers of `kernels/pool.cu`: max and average pooling and their gradients.
 
-use redline_tensor::{DType, Pool2dParams, Result};
+use redline_tensor::{DType, Layout, Pool2dParams, Result};
 
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, Strided};
 use crate::kernels;
@@ -19,12 +19,18 @@ fn geometry(args: KernelArgs, p: &Pool2dParams) -> KernelArgs {
     args.bytes(&words)
 }
 
+/// The kernels' `channels_inner`: whether the tensor a pooling kernel writes has its channels
+/// fastest in memory (channels-last), so its threads walk it that way.
+fn channels_inner(written: &Layout) -> i32 {
+    (written.shape()[1] > 1 && written.strides()[1] == 1) as i32
+}
+
 fn strided(gpu: &dyn Gpu, o: &Operand, what: &str) -> Result<Strided> {
     Strided::new(o.layout, &gpu.name(), what)
 }
 
 /// Max pooling of `x` into `out`, the first maximum's flat in-plane position into `positions`
-/// (contiguous i64, out's shape).
+/// (i64, laid out as `out`).
 pub fn max_pool2d(
     gpu: &dyn Gpu,
     x: &Operand,
@@ -42,7 +48,8 @@ pub fn max_pool2d(
         .ptr(out.ptr)
         .strided(&strided(gpu, out, "max_pool2d")?)
         .ptr(positions)
-        .i64(n as i64);
+        .i64(n as i64)
+        .i32(channels_inner(out.layout));
     let kernel = kernels::pool("max_pool2d", x.dtype);
     gpu.launch(&kernel, linear_shape(n), &geometry(args, p))
 }
@@ -58,7 +65,8 @@ pub fn avg_pool2d(gpu: &dyn Gpu, x: &Operand, p: &Pool2dParams, out: &Operand) -
         .strided(&strided(gpu, x, "avg_pool2d")?)
         .ptr(out.ptr)
         .strided(&strided(gpu, out, "avg_pool2d")?)
-        .i64(n as i64);
+        .i64(n as i64)
+        .i32(channels_inner(out.layout));
     let kernel = kernels::pool("avg_pool2d", x.dtype);
     gpu.launch(&kernel, linear_shape(n), &geometry(args, p))
 }
@@ -90,7 +98,8 @@ pub fn pool_grad(
     let args = args
         .ptr(out.ptr)
         .strided(&strided(gpu, out, what)?)
-        .i64(n as i64);
+        .i64(n as i64)
+        .i32(channels_inner(out.layout));
     gpu.launch(
         &kernels::pool(what, dtype),
         linear_shape(n),

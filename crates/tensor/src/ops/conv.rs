@@ -119,9 +119,10 @@ impl Tensor {
         self.device().check(Op::Nn(NnOp::MaxPool2d), self.dtype())?;
         let out = nchw_out(self, &shape)?;
         let (values, positions) = self.backend().max_pool2d(self.view(), &p, &out)?;
+        // Positions are laid out as the values (channels-last with them), so a device walks both
+        // in memory order.
+        let positions = Tensor::from_storage(positions, out.clone(), self.device().clone());
         let y = Tensor::from_storage(values, out, self.device().clone());
-        let positions =
-            Tensor::from_storage(positions, Layout::contiguous(&shape), self.device().clone());
         let x = self.detach();
         Ok(y.record("max_pool2d", &[self], move |g| {
             // Each output gradient goes to its maximum (a pull per input element on devices).

@@ -227,7 +227,7 @@ const POOL_GEOMETRY: &str = r#"
 fn geo(i: u32) -> u32 { return params[1u + i]; }
 "#;
 
-/// Max pooling (values in layout `out`, first-maximum positions contiguous i64) or average
+/// Max pooling (values and first-maximum positions, i64, both in layout `out`) or average
 /// pooling (`positions` false).
 pub(crate) fn pool(
     ctx: &Context,
@@ -253,7 +253,7 @@ pub(crate) fn pool(
             (
                 "var best = -3.4e38; var at = 0u;",
                 "if (v > best) { best = v; at = u32(hi) * geo(3u) + u32(wi); }",
-                "store_y(strided4(OUT, n, c, ho, wo), best); store_q(i, f32(at));",
+                "store_y(strided4(OUT, n, c, ho, wo), best); store_q(strided4(OUT, n, c, ho, wo), f32(at));",
             )
         } else {
             (
