@@ -27,7 +27,10 @@
 //! 9. `speed` — ResNet-50 at 224 px, batch 256, bf16, a replayed graph, fed one pinned batch
 //!    from memory, beside PyTorch at its best on the same GPU run by the same command: both
 //!    img/s, the ratio, kernels per step, achieved TFLOP/s and its share of the card's tensor
-//!    peak ([`speed`]).
+//!    peak ([`speed`]);
+//! 10. `scaling` (only with `--nproc N`) — data-parallel ResNet-50 over NCCL on N GPUs of this
+//!     machine, one process per GPU started with torchrun's variables, next to one process
+//!     alone: both img/s and the scaling efficiency ([`scaling`]).
 //!
 //! Without a GPU it says why in the JSON and exits non-zero, without a panic.
 
@@ -40,6 +43,7 @@ use redline_cuda::{compile, kernels, CudaBackend, Gpu};
 use redline_tensor::{Backend, Conv2dParams, DType, Device, Layout, NnOp, Op, OtherOp, View};
 use serde_json::{json, Map, Value};
 
+pub mod scaling;
 pub mod speed;
 
 /// What to run.
@@ -61,6 +65,8 @@ pub struct Options {
     pub graph: bool,
     /// The speed stage beside PyTorch (`steps` 0 skips it).
     pub speed: speed::SpeedOptions,
+    /// Data-parallel scaling over this machine's GPUs (`--nproc N`); None skips it.
+    pub scaling: Option<scaling::ScaleOptions>,
 }
 
 impl Default for Options {
@@ -76,6 +82,7 @@ impl Default for Options {
             emulate: false,
             graph: false,
             speed: speed::SpeedOptions::default(),
+            scaling: None,
         }
     }
 }
@@ -146,7 +153,8 @@ pub fn run(options: &Options) -> bool {
     let mut journal = Journal::new(&options.json);
     journal.flush();
     let started = Instant::now();
-    eprintln!("gpu-check: stage 1/9: device");
+    let stages = if options.scaling.is_some() { 10 } else { 9 };
+    eprintln!("gpu-check: stage 1/{stages}: device");
     let opened = if options.emulate {
         CudaBackend::emulated()
             .map(|b| {
@@ -190,7 +198,7 @@ pub fn run(options: &Options) -> bool {
                      n: usize,
                      name: &str,
                      f: &mut dyn FnMut() -> Result<Value, String>| {
-        eprintln!("gpu-check: stage {n}/9: {name}");
+        eprintln!("gpu-check: stage {n}/{stages}: {name}");
         let t = Instant::now();
         let result = f();
         let seconds = t.elapsed().as_secs_f64();
@@ -242,6 +250,12 @@ pub fn run(options: &Options) -> bool {
             let mut report = speed::stage(&device, &name, &speed)?;
             report["memory"] = json!(backend.memory_stats().to_string());
             Ok(report)
+        });
+    }
+    if let Some(scaling) = &options.scaling {
+        stage(&mut journal, 10, "scaling", &mut || match options.emulate {
+            true => Ok(json!({"skipped": "the host emulator is one device without NCCL"})),
+            false => scaling::stage(scaling),
         });
     }
     // Again at the end: which plans the libraries refused over the whole run (on our kernels).

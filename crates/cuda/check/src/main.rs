@@ -1,12 +1,15 @@
 //! `redline-gpu-check [--json PATH] [--cases N] [--steps N] [--batch N] [--res N] [--model M]
-//! [--graph] [--speed-steps N] [--speed-batch N] [--speed-warmup N] [--vs-compile] [--emulate]`
-//! on a GPU machine (`--emulate`: on the host emulator instead);
-//! `redline-gpu-check prepare DIR` where the pack is built. See the library docs.
+//! [--graph] [--speed-steps N] [--speed-batch N] [--speed-warmup N] [--vs-compile]
+//! [--nproc N] [--scale-steps N] [--scale-batch N] [--emulate]` on a GPU machine (`--emulate`:
+//! on the host emulator instead); `redline-gpu-check prepare DIR` where the pack is built;
+//! `redline-gpu-check scale-rank …` is one rank of the scaling stage's jobs (started by it).
+//! See the library docs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use redline_gpu_check::scaling::{RankOptions, ScaleOptions};
 use redline_gpu_check::speed::SpeedOptions;
 use redline_gpu_check::Options;
 
@@ -58,28 +61,77 @@ struct Cli {
     /// PyTorch's side of the speed stage under torch.compile too (adds its compile time).
     #[arg(long)]
     vs_compile: bool,
+    /// Data-parallel scaling over N GPUs of this machine (one process each, NCCL) next to one
+    /// GPU, as stage 10; 1 skips it.
+    #[arg(long, default_value_t = 1)]
+    nproc: usize,
+    /// Measured steps of each scaling job (after its warm-up).
+    #[arg(long, default_value_t = RankOptions::default().steps)]
+    scale_steps: usize,
+    /// The scaling stage's batch per GPU.
+    #[arg(long, default_value_t = RankOptions::default().batch)]
+    scale_batch: usize,
+    /// The longest each scaling job may take, in seconds.
+    #[arg(long, default_value_t = 300)]
+    scale_timeout: u64,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Compile every kernel to CUBINs in DIR (where the pack is built).
     Prepare { dir: PathBuf },
+    /// One rank of a scaling job (torchrun's variables place it): prints its JSON report.
+    ScaleRank(RankOptions),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Prepare { dir }) = &cli.command {
-        return match redline_gpu_check::prepare(dir) {
-            Ok(n) => {
-                eprintln!("wrote {n} CUBINs into {}", dir.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("redline-gpu-check prepare: {e}");
-                ExitCode::FAILURE
-            }
-        };
+    match cli.command {
+        Some(Command::Prepare { dir }) => {
+            return match redline_gpu_check::prepare(&dir) {
+                Ok(n) => {
+                    eprintln!("wrote {n} CUBINs into {}", dir.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("redline-gpu-check prepare: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Command::ScaleRank(options)) => {
+            return match redline_gpu_check::scaling::rank(&options) {
+                Ok(report) => {
+                    println!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("redline-gpu-check scale-rank: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        None => {}
     }
+    let scaling = match cli.nproc > 1 {
+        true => match std::env::current_exe() {
+            Ok(binary) => Some(ScaleOptions {
+                nproc: cli.nproc,
+                rank: RankOptions {
+                    batch: cli.scale_batch,
+                    steps: cli.scale_steps,
+                    ..RankOptions::default()
+                },
+                binary,
+                timeout: std::time::Duration::from_secs(cli.scale_timeout),
+            }),
+            Err(e) => {
+                eprintln!("redline-gpu-check: where this executable is: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        false => None,
+    };
     let options = Options {
         json: cli.json,
         cases: cli.cases,
@@ -96,6 +148,7 @@ fn main() -> ExitCode {
             vs_compile: cli.vs_compile,
             ..SpeedOptions::default()
         },
+        scaling,
         ..Options::default()
     };
     if redline_gpu_check::run(&options) {

@@ -65,7 +65,7 @@ impl Default for SpeedOptions {
 }
 
 /// Classes on both sides (ImageNet's, as torchvision's default head).
-const CLASSES: usize = 1000;
+pub(crate) const CLASSES: usize = 1000;
 
 /// Dense bf16/f16 tensor-core peaks with f32 accumulation (vendor figures, TFLOP/s), by a
 /// fragment of the device's name: the achieved share is reported against these.
@@ -84,7 +84,7 @@ fn peak_for(device_name: &str) -> Option<f64> {
 }
 
 /// A deterministic batch: pixels from a small LCG, labels cycling through the classes.
-fn resident_batch(batch: usize, res: usize) -> (Vec<u8>, Vec<i64>) {
+pub(crate) fn resident_batch(batch: usize, res: usize) -> (Vec<u8>, Vec<i64>) {
     let mut state = 0x2545_f491u32;
     let pixels = (0..batch * res * res * 3)
         .map(|_| {
@@ -154,24 +154,11 @@ fn measure(
     }
     device.synchronize().map_err(|e| err(&e))?;
     trainer.take_times().map_err(|e| err(&e))?;
-    let started = Instant::now();
-    let mut last = None;
     // Each step's phase times arrive a few steps late (read from CUDA events without waiting).
     let mut times = Vec::new();
-    for _ in 0..o.steps {
-        let step = trainer.train_step(batches).map_err(|e| err(&e))?;
-        times.extend(step.times);
-        last = Some(step.loss);
-    }
-    device.synchronize().map_err(|e| err(&e))?;
-    let seconds = started.elapsed().as_secs_f64();
-    let loss = match last {
-        Some(loss) => loss.item().map_err(|e| err(&e))?,
-        None => f64::NAN,
-    };
-    if o.steps > 0 && !loss.is_finite() {
-        return Err(format!("the loss is {loss}"));
-    }
+    let (seconds, loss) = timed_steps(device, &mut trainer, batches, o.steps, |step| {
+        times.extend(step.times)
+    })?;
     times.extend(trainer.take_times().map_err(|e| err(&e))?);
     let img_per_s = (o.batch * o.steps) as f64 / seconds;
     // The device's compute time (forward, backward, optimizer — a replay is all three) from
@@ -214,6 +201,36 @@ fn measure(
             "eager_reason": stats.eager_reason,
         },
     }))
+}
+
+/// `steps` training steps timed between two synchronisations (the caller has synchronised
+/// before): (seconds, the last loss — NaN without steps), each step handed to `each`. A loss
+/// that is not finite is an error.
+pub(crate) fn timed_steps(
+    device: &Device,
+    trainer: &mut redline_train::Trainer,
+    batches: &mut dyn Iterator<Item = Result<redline_loader::Batch, redline_loader::LoaderError>>,
+    steps: usize,
+    mut each: impl FnMut(redline_train::Step),
+) -> Result<(f64, f64), String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let started = Instant::now();
+    let mut last = None;
+    for _ in 0..steps {
+        let step = trainer.train_step(batches).map_err(|e| err(&e))?;
+        last = Some(step.loss.clone());
+        each(step);
+    }
+    device.synchronize().map_err(|e| err(&e))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let loss = match last {
+        Some(loss) => loss.item().map_err(|e| err(&e))?,
+        None => f64::NAN,
+    };
+    if steps > 0 && !loss.is_finite() {
+        return Err(format!("the loss is {loss}"));
+    }
+    Ok((seconds, loss))
 }
 
 /// Where PyTorch's side is: `REDLINE_GPU_SPEED_SCRIPT`, the pack's `pytorch/gpu_speed.py`
