@@ -145,6 +145,9 @@ pub struct DriverOptions {
     /// Synchronise after every launch and name the op that failed (`REDLINE_CUDA_LAUNCH_BLOCKING=1`
     /// or `CUDA_LAUNCH_BLOCKING=1`).
     pub launch_blocking: bool,
+    /// The 3-channel stem convolution handed to cuDNN as it is, not padded to 4 channels
+    /// (`REDLINE_CUDNN_PAD_STEM=0`): to measure what the padding gains.
+    pub stem_unpadded: bool,
 }
 
 impl DriverOptions {
@@ -155,6 +158,7 @@ impl DriverOptions {
             deterministic: on("REDLINE_CUDA_DETERMINISTIC"),
             cudnn_heuristic: std::env::var("REDLINE_CUDNN_FIND").is_ok_and(|v| v == "0"),
             launch_blocking: on("REDLINE_CUDA_LAUNCH_BLOCKING") || on("CUDA_LAUNCH_BLOCKING"),
+            stem_unpadded: std::env::var("REDLINE_CUDNN_PAD_STEM").is_ok_and(|v| v == "0"),
         }
     }
 }
@@ -526,6 +530,10 @@ impl Gpu for CudaDriver {
         }
         self.after("cuDNN convolution")?;
         Ok(true)
+    }
+
+    fn pads_stem_channels(&self) -> bool {
+        !self.options.stem_unpadded && self.dnn().is_ok()
     }
 
     fn libraries(&self) -> Vec<Library> {

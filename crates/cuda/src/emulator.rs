@@ -18,7 +18,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void, CString};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use redline_tensor::{Result, TensorError};
@@ -85,6 +85,8 @@ pub struct Emulator {
     epoch: std::time::Instant,
     /// The launches of the capture in progress: recorded, not run (as on a GPU).
     capture: Mutex<Option<Vec<(String, LaunchShape, KernelArgs)>>>,
+    /// Pad 3-channel stems as a GPU with cuDNN does ([`Emulator::pad_stem_channels`]).
+    pads_stem: AtomicBool,
 }
 
 impl std::fmt::Debug for Emulator {
@@ -264,7 +266,15 @@ impl Emulator {
             clock: Mutex::new(vec![None; redline_tensor::TIMESTAMP_SLOTS as usize]),
             epoch: std::time::Instant::now(),
             capture: Mutex::new(None),
+            pads_stem: AtomicBool::new(false),
         })
+    }
+
+    /// Pads 3-channel half-precision stems to 4 channels as a GPU with cuDNN does, so the
+    /// padded path runs here (on our direct kernels, which the padding leaves exact).
+    pub fn pad_stem_channels(self, on: bool) -> Self {
+        self.pads_stem.store(on, Ordering::Relaxed);
+        self
     }
 
     /// The shared library the kernels run from.
@@ -474,5 +484,9 @@ impl Gpu for Emulator {
 
     fn exact_sizes(&self) -> bool {
         true
+    }
+
+    fn pads_stem_channels(&self) -> bool {
+        self.pads_stem.load(Ordering::Relaxed)
     }
 }

@@ -203,6 +203,14 @@ pub trait Gpu: Send + Sync + fmt::Debug {
         Ok(false)
     }
 
+    /// Whether a half-precision channels-last convolution over 3 input channels (a network's
+    /// stem) should run padded to 4 channels: where the convolution goes to cuDNN, whose
+    /// tensor-core kernels want the channel count a multiple of 4 (MLPerf's ResNet pads its
+    /// input the same way). Our own kernels gain nothing from it.
+    fn pads_stem_channels(&self) -> bool {
+        false
+    }
+
     /// The vendor libraries behind [`Gpu::gemm`] and [`Gpu::conv`] (loading is attempted here
     /// if it was not yet).
     fn libraries(&self) -> Vec<Library> {

@@ -197,6 +197,13 @@ impl CudaBackend {
     }
 
     /// A storage for an op's output written in layout `out`.
+    /// `x` copied into a fresh storage laid out as `wider` (more channels), zeros beyond its own.
+    fn padded(&self, x: &ops::elementwise::Operand<'_>, wider: &Layout) -> Result<Storage> {
+        let storage = self.alloc_for(x.dtype, wider)?;
+        ops::conv::pad_channels(&*self.gpu, x, &self.output(&storage, wider)?)?;
+        Ok(storage)
+    }
+
     fn alloc_for(&self, dtype: DType, out: &Layout) -> Result<Storage> {
         self.alloc(dtype, out.storage_extent().max(out.numel()))
     }
@@ -621,7 +628,21 @@ impl Backend for CudaBackend {
         let _range = nvtx::range("conv2d");
         let y = self.alloc_for(x.dtype(), out)?;
         let (xo, wo, yo) = (self.operand(x)?, self.operand(w)?, self.output(&y, out)?);
-        ops::conv::conv2d(&*self.gpu, &xo, &wo, p, &yo)?;
+        let gpu = &*self.gpu;
+        match ops::conv::ChannelPad::new(gpu, x.dtype(), x.layout, w.layout, p) {
+            Some(pad) => {
+                let (xp, wp) = (
+                    self.padded(&xo, &pad.input)?,
+                    self.padded(&wo, &pad.weight)?,
+                );
+                let (xpo, wpo) = (
+                    self.output(&xp, &pad.input)?,
+                    self.output(&wp, &pad.weight)?,
+                );
+                ops::conv::conv2d(gpu, &xpo, &wpo, p, &yo)?;
+            }
+            None => ops::conv::conv2d(gpu, &xo, &wo, p, &yo)?,
+        }
         Ok(y)
     }
 
@@ -650,7 +671,19 @@ impl Backend for CudaBackend {
         let y = self.alloc(x.dtype(), weight_shape.iter().product())?;
         let (xo, go) = (self.operand(x)?, self.operand(g)?);
         let ptr = self.buffer(&y)?.ptr;
-        ops::conv::weight_grad(&*self.gpu, &xo, &go, p, weight_shape, ptr)?;
+        let (gpu, dense) = (&*self.gpu, Layout::contiguous(weight_shape));
+        let Some(pad) = ops::conv::ChannelPad::new(gpu, x.dtype(), x.layout, &dense, p) else {
+            ops::conv::weight_grad(gpu, &xo, &go, p, weight_shape, ptr)?;
+            return Ok(y);
+        };
+        // The gradient of the padded weight, then its first 3 channels.
+        let xp = self.padded(&xo, &pad.input)?;
+        let wide = self.alloc_for(x.dtype(), &pad.weight)?;
+        let wide_ptr = self.buffer(&wide)?.ptr;
+        let xpo = self.output(&xp, &pad.input)?;
+        ops::conv::weight_grad(gpu, &xpo, &go, p, pad.weight.shape(), wide_ptr)?;
+        let (wide, yo) = (self.output(&wide, &pad.weight)?, self.output(&y, &dense)?);
+        ops::conv::unpad_channels(gpu, &wide, &yo)?;
         Ok(y)
     }
 

@@ -539,6 +539,70 @@ fn convolutions_with_stride_dilation_padding_and_groups() {
     }
 }
 
+/// A half-precision channels-last stem (3 input channels) on a device that pads it to 4, as a
+/// GPU with cuDNN does: the forward, the weight gradient (computed padded, then narrowed) and
+/// the input gradient (not padded) equal the unpadded device's exactly — the extra products
+/// are zeros — and the reference's to rounding; weights in either order.
+#[test]
+fn a_stem_padded_to_four_channels_computes_the_same_convolution() {
+    let padding = {
+        let emulator = redline_cuda::Emulator::new().unwrap_or_else(|e| panic!("{e}"));
+        Device::new(Arc::new(CudaBackend::new(Arc::new(
+            emulator.pad_stem_channels(true),
+        ))))
+    };
+    let p = redline_tensor::Conv2dParams {
+        stride: [2, 2],
+        padding: [3, 3],
+        ..Default::default()
+    };
+    for dtype in [DType::BF16, DType::F16] {
+        for weight_channels_last in [false, true] {
+            let what = format!("{dtype} stem, weight channels-last {weight_channels_last}");
+            let run = |d: &Device| {
+                let x = Tensor::from_slice(&ramp(2 * 3 * 11 * 9, 0.05), &[2, 3, 11, 9], d)
+                    .and_then(|t| t.cast(dtype))
+                    .and_then(|t| t.to_channels_last())
+                    .unwrap()
+                    .with_requires_grad(true);
+                let w = Tensor::from_slice(&ramp(8 * 3 * 7 * 7, 0.01), &[8, 3, 7, 7], d)
+                    .and_then(|t| t.cast(dtype))
+                    .unwrap();
+                let w = match weight_channels_last {
+                    true => w.to_channels_last().unwrap(),
+                    false => w,
+                }
+                .with_requires_grad(true);
+                let y = x.conv2d(&w, None, p).unwrap();
+                let g = Tensor::from_slice(&ramp(y.numel(), 0.02), y.shape(), d)
+                    .and_then(|t| t.cast(dtype))
+                    .and_then(|t| t.to_channels_last())
+                    .unwrap();
+                y.backward_with(&g).unwrap();
+                [y, w.grad().unwrap(), x.grad().unwrap()].map(|t| t.to_f64_vec().unwrap())
+            };
+            let (padded, plain, want) = (run(&padding), run(&device()), run(&Device::reference()));
+            for (i, part) in ["forward", "weight gradient", "input gradient"]
+                .iter()
+                .enumerate()
+            {
+                close(
+                    &padded[i],
+                    &plain[i],
+                    0.0,
+                    &format!("{what}: {part}, padded vs not"),
+                );
+                close(
+                    &padded[i],
+                    &want[i],
+                    2e-2,
+                    &format!("{what}: {part} vs reference"),
+                );
+            }
+        }
+    }
+}
+
 /// The AMP path end to end on the CUDA kernels: f16 autocast, GradScaler, unscale-and-check,
 /// SGD (and AdamW) reading the device flag, the scale update — next to the CPU backend, then
 /// with an inf planted in a gradient: the flag is raised on the device, no parameter moves and

@@ -249,6 +249,8 @@ pub fn run(options: &Options) -> bool {
         stage(&mut journal, 9, "speed", &mut || {
             let mut report = speed::stage(&device, &name, &speed)?;
             report["memory"] = json!(backend.memory_stats().to_string());
+            // The 3-channel stem run as 4 for cuDNN (REDLINE_CUDNN_PAD_STEM=0: as it is).
+            report["stem_padded_to_4_channels"] = json!(backend.gpu().pads_stem_channels());
             Ok(report)
         });
     }

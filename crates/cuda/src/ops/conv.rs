@@ -6,8 +6,91 @@ use redline_tensor::{Conv2dParams, DType, Layout, Result};
 use crate::convolution::{ConvPlan, Direction};
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, Strided};
 use crate::kernels;
-use crate::ops::elementwise::Operand;
+use crate::ops::elementwise::{self, Operand};
 use crate::ops::linear_shape;
+
+/// Input channels a padded stem has: 4 × 2 bytes, the alignment cuDNN's tensor-core kernels
+/// want of a half-precision NHWC channel run.
+const PADDED_CHANNELS: usize = 4;
+
+/// A half-precision channels-last convolution over 3 input channels (a network's stem), run as
+/// one over 4 with a zero channel added to its input and weight: the same sums (the extra
+/// products are zeros), where cuDNN would otherwise fall back from its tensor-core kernels.
+/// The padded copies are scratch of the one op; parameters, checkpoints and the model keep 3
+/// channels.
+pub struct ChannelPad {
+    /// The padded input: channels-last `[N, 4, H, W]`.
+    pub input: Layout,
+    /// The padded weight `[O, 4, KH, KW]`, in the weight's own order (OIHW or OHWI).
+    pub weight: Layout,
+}
+
+impl ChannelPad {
+    /// The padding for input `x` and a weight laid out as `w` (the weight's layout; for the
+    /// weight gradient, the gradient's), if this convolution takes one.
+    pub fn new(
+        gpu: &dyn Gpu,
+        dtype: DType,
+        x: &Layout,
+        w: &Layout,
+        p: &Conv2dParams,
+    ) -> Option<Self> {
+        let half = matches!(dtype, DType::F16 | DType::BF16);
+        let stem = x.shape().len() == 4 && x.shape()[1] == 3 && w.shape()[1] == 3 && p.groups == 1;
+        if !(half && stem && in_order(x, true) && gpu.pads_stem_channels()) {
+            return None;
+        }
+        let wider = |shape: &[usize]| {
+            let mut shape = shape.to_vec();
+            shape[1] = PADDED_CHANNELS;
+            shape
+        };
+        let weight = match (in_order(w, false), in_order(w, true)) {
+            (true, _) => Layout::contiguous(&wider(w.shape())),
+            (_, true) => Layout::channels_last(&wider(w.shape())).ok()?,
+            _ => return None,
+        };
+        let input = Layout::channels_last(&wider(x.shape())).ok()?;
+        Some(Self { input, weight })
+    }
+}
+
+/// Whether `l` is dense in NCHW order (`channels_last` false) or channels-last order, at any
+/// offset (size-1 axes' strides are free).
+fn in_order(l: &Layout, channels_last: bool) -> bool {
+    let dense = match channels_last {
+        true => Layout::channels_last(l.shape()),
+        false => Ok(Layout::contiguous(l.shape())),
+    };
+    dense.is_ok_and(|d| {
+        l.shape()
+            .iter()
+            .zip(l.strides().iter().zip(d.strides()))
+            .all(|(&n, (&a, &b))| n <= 1 || a == b)
+    })
+}
+
+/// `from` (C channels) copied into the first C channels of the zeroed, wider `to`.
+pub fn pad_channels(gpu: &dyn Gpu, from: &Operand, to: &Operand) -> Result<()> {
+    let extent = to.layout.storage_extent().max(to.layout.numel());
+    elementwise::fill(gpu, to.dtype, to.ptr, extent, 0.0)?;
+    let first = to.layout.narrow(1, 0, from.layout.shape()[1])?;
+    let view = Operand {
+        layout: &first,
+        ..*to
+    };
+    elementwise::convert(gpu, from, &view)
+}
+
+/// The first C channels of the wider `from` copied into `to` (C channels).
+pub fn unpad_channels(gpu: &dyn Gpu, from: &Operand, to: &Operand) -> Result<()> {
+    let first = from.layout.narrow(1, 0, to.layout.shape()[1])?;
+    let view = Operand {
+        layout: &first,
+        ..*from
+    };
+    elementwise::convert(gpu, &view, to)
+}
 
 /// The kernels' `ConvGeometry`: stride, padding, dilation and groups as seven i64.
 fn geometry(args: KernelArgs, p: &Conv2dParams) -> KernelArgs {
@@ -115,4 +198,57 @@ pub fn weight_grad(
         return Ok(());
     }
     launch(gpu, "conv2d_weight_grad", x, g, out, &layout, p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emulator::Emulator;
+
+    /// Only half-precision channels-last stems of one group, on a GPU that pads, with a dense
+    /// weight in either order; the padded weight keeps the weight's order.
+    #[test]
+    fn only_half_precision_channels_last_stems_are_padded() {
+        let pads = Emulator::new().unwrap().pad_stem_channels(true);
+        let plain = Emulator::new().unwrap();
+        let x = Layout::channels_last(&[2, 3, 16, 16]).unwrap();
+        let (w, w_last) = (
+            Layout::contiguous(&[8, 3, 7, 7]),
+            Layout::channels_last(&[8, 3, 7, 7]).unwrap(),
+        );
+        let p = Conv2dParams::default();
+        let pad = ChannelPad::new(&pads, DType::BF16, &x, &w, &p).expect("a bf16 stem");
+        assert_eq!(pad.input, Layout::channels_last(&[2, 4, 16, 16]).unwrap());
+        assert_eq!(pad.weight, Layout::contiguous(&[8, 4, 7, 7]));
+        let pad = ChannelPad::new(&pads, DType::F16, &x, &w_last, &p).expect("an f16 stem");
+        assert_eq!(pad.weight, Layout::channels_last(&[8, 4, 7, 7]).unwrap());
+        let none = |gpu: &dyn Gpu, dtype, x: &Layout, w: &Layout, p: &Conv2dParams| {
+            ChannelPad::new(gpu, dtype, x, w, p).is_none()
+        };
+        assert!(
+            none(&plain, DType::BF16, &x, &w, &p),
+            "a GPU that does not pad"
+        );
+        assert!(none(&pads, DType::F32, &x, &w, &p), "f32");
+        let nchw = Layout::contiguous(&[2, 3, 16, 16]);
+        assert!(none(&pads, DType::BF16, &nchw, &w, &p), "an NCHW input");
+        let four = Layout::channels_last(&[2, 4, 16, 16]).unwrap();
+        let w4 = Layout::contiguous(&[8, 4, 7, 7]);
+        assert!(
+            none(&pads, DType::BF16, &four, &w4, &p),
+            "4 channels already"
+        );
+        let grouped = Conv2dParams { groups: 3, ..p };
+        let w1 = Layout::contiguous(&[6, 1, 7, 7]);
+        assert!(none(&pads, DType::BF16, &x, &w1, &grouped), "grouped");
+        // [8, 3, 7, 7] with the input channel outermost: neither OIHW nor OHWI.
+        let odd_w = Layout::contiguous(&[3, 8, 7, 7])
+            .permute(&[1, 0, 2, 3])
+            .unwrap();
+        assert_eq!(odd_w.shape(), [8, 3, 7, 7]);
+        assert!(
+            none(&pads, DType::BF16, &x, &odd_w, &p),
+            "a weight in neither order"
+        );
+    }
 }
