@@ -103,6 +103,14 @@ fn downloads_ordered_after_an_event_see_the_work_before_it() {
 }
 
 #[test]
+fn random_stream_follows_its_device_offset() {
+    redline_testkit::conformance::random_stream_follows_its_device_offset(
+        &redline_cpu::CpuBackend::device(),
+    );
+    redline_testkit::conformance::random_stream_follows_its_device_offset(&Device::reference());
+}
+
+#[test]
 fn cross_entropy_without_ignore_index_keeps_every_sample() {
     redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(
         &CpuBackend::device(),

@@ -280,11 +280,11 @@ pub fn families() -> Vec<Family> {
             softmaxes,
         ),
         family("index.cu", include_str!("../kernels/index.cu"), indexing),
-        family(
-            "random.cu",
-            include_str!("../kernels/random.cu"),
-            floats_of(random_uniform),
-        ),
+        family("random.cu", include_str!("../kernels/random.cu"), {
+            let mut kernels = floats_of(random_uniform);
+            kernels.push("advance".into());
+            kernels
+        }),
         family(
             "input.cu",
             include_str!("../kernels/input.cu"),

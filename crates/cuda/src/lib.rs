@@ -737,7 +737,30 @@ impl Backend for CudaBackend {
     fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
         let _range = nvtx::range("random_uniform");
         let y = self.alloc(dtype, len)?;
-        ops::nn::random_uniform(&*self.gpu, dtype, self.buffer(&y)?.ptr, len, seed, offset)?;
+        let out = self.buffer(&y)?.ptr;
+        ops::nn::random_uniform(&*self.gpu, dtype, out, len, seed, offset, None)?;
+        Ok(y)
+    }
+
+    fn random_uniform_at(
+        &self,
+        dtype: DType,
+        len: usize,
+        seed: u64,
+        offset: View<'_>,
+    ) -> Result<Storage> {
+        let _range = nvtx::range("random_uniform");
+        if offset.dtype() != DType::I64 || offset.layout.numel() != 1 {
+            return Err(TensorError::Shape(format!(
+                "random_uniform_at: the offset must be one i64, got {} {:?}",
+                offset.dtype(),
+                offset.layout.shape()
+            )));
+        }
+        let y = self.alloc(dtype, len)?;
+        let (out, at) = (self.buffer(&y)?.ptr, self.start(offset)?);
+        ops::nn::random_uniform(&*self.gpu, dtype, out, len, seed, 0, Some(at))?;
+        ops::nn::advance(&*self.gpu, at, len)?;
         Ok(y)
     }
 

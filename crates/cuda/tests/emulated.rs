@@ -761,6 +761,11 @@ fn cross_entropy_without_ignore_index_keeps_every_sample() {
     redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(&device());
 }
 
+#[test]
+fn random_stream_follows_its_device_offset() {
+    redline_testkit::conformance::random_stream_follows_its_device_offset(&device());
+}
+
 /// An asynchronous download sees the ops enqueued before it, of strided views too.
 #[test]
 fn an_asynchronous_download_returns_what_a_synchronous_one_does() {

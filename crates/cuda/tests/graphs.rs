@@ -63,6 +63,41 @@ fn a_replayed_adamw_update_equals_eager_updates() {
     }
 }
 
+/// A draw from a [`RandomStream`] captured once draws fresh numbers on every replay — its offset
+/// is a device scalar the kernel reads and the graph advances — where a host offset would be
+/// baked into the launch and repeat: replay k equals the host stream at offset 10·k, and the
+/// dropout mask of a captured step changes from replay to replay.
+#[test]
+fn a_replayed_random_draw_follows_its_device_offset() {
+    use redline_tensor::RandomStream;
+    let device = device();
+    let stream = RandomStream::new(9, &device).unwrap();
+    let (graph, drawn) = device
+        .capture(|| stream.uniform(&[10], DType::F32))
+        .unwrap();
+    let x = Tensor::from_slice(&[1.0f32; 64], &[64], &device).unwrap();
+    let (masked, dropped) = device
+        .capture(|| x.dropout_with(0.5, &stream, true))
+        .unwrap();
+    let mut masks = Vec::new();
+    for k in 0..3u64 {
+        graph.replay().unwrap();
+        let want = Tensor::random_uniform(&[10], DType::F32, 9, 74 * k, &device).unwrap();
+        assert_eq!(
+            drawn.to_vec::<f32>().unwrap(),
+            want.to_vec::<f32>().unwrap(),
+            "replay {k}"
+        );
+        masked.replay().unwrap();
+        masks.push(dropped.to_vec::<f32>().unwrap());
+    }
+    assert_eq!(stream.offset().to_vec::<i64>().unwrap(), [3 * 74]);
+    assert!(
+        masks[0] != masks[1] && masks[1] != masks[2],
+        "a new mask each replay"
+    );
+}
+
 /// What a graph cannot hold fails while capturing, naming what and why, and the capture ends
 /// (the device works eagerly again).
 #[test]

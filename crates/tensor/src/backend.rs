@@ -933,6 +933,39 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// backend, whatever the launch geometry (DESIGN contract 9).
     fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage>;
 
+    /// [`random_uniform`](Self::random_uniform) from the offset this device holds in `offset`
+    /// (a whole one-element i64 storage, non-negative), which then advances by `len` in place:
+    /// what a step captured as a graph draws with, so that each replay reads and moves the
+    /// offset on the device instead of repeating one baked in at capture. The default reads
+    /// the offset back to the host and writes the next one (a synchronisation, right for host
+    /// backends); a backend that captures graphs does both in its kernels.
+    fn random_uniform_at(
+        &self,
+        dtype: DType,
+        len: usize,
+        seed: u64,
+        offset: View<'_>,
+    ) -> Result<Storage> {
+        let bytes = self.download(offset)?;
+        let at = bytes
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(i64::from_le_bytes)
+            .ok_or_else(|| TensorError::shape("random_uniform_at: the offset is not one i64"))?;
+        let next = u64::try_from(at)
+            .ok()
+            .and_then(|at| Some((at, i64::try_from(at.checked_add(len as u64)?).ok()?)));
+        let Some((at, next)) = next else {
+            return Err(TensorError::shape(format!(
+                "random_uniform_at: offset {at} (+ {len}) is outside 0..2^63"
+            )));
+        };
+        let drawn = self.random_uniform(dtype, len, seed, at)?;
+        let next = HostBytes::Owned(next.to_le_bytes().to_vec());
+        self.upload_into(offset.storage, next)?;
+        Ok(drawn)
+    }
+
     /// `x` u8 `[N, H, W, C]` → `(x / 255 - mean[c]) / std[c]` as `dtype`, logically `[N, C, H, W]`
     /// in layout `out` (channels-last: the same memory order as the input).
     fn normalize_input(

@@ -42,6 +42,7 @@ pub use error::{Result, TensorError};
 pub use layout::Layout;
 pub use ops::norm::RunningStats;
 pub use ops::optim;
+pub use ops::random::RandomStream;
 pub use tensor::{GradHook, PendingVec, Tensor};
 
 /// The reference kernels' scalar formulas, shared with host backends that apply them per element
@@ -49,8 +50,8 @@ pub use tensor::{GradHook, PendingVec, Tensor};
 pub mod scalar {
     pub use crate::ops::elementwise::reference::{binary, erf, unary};
     pub use crate::ops::nn::reference::cross_entropy;
-    pub use crate::ops::norm::reference::{philox, uniform};
     pub use crate::ops::optim::reference::{adamw, sgd};
+    pub use crate::ops::random::reference::{philox, uniform};
 }
 
 /// The README's example, compiled and run as a doctest.

@@ -390,7 +390,7 @@ impl Backend for Reference {
 
     fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
         let values = (0..len as u64)
-            .map(|i| ops::norm::reference::uniform(seed, offset + i))
+            .map(|i| ops::random::reference::uniform(seed, offset + i))
             .collect();
         Ok(self.store(dtype, values))
     }

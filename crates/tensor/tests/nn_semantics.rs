@@ -210,6 +210,22 @@ fn the_input_op_normalises_u8_nhwc_into_channels_last_nchw() {
     assert!(matches!(err, TensorError::Shape(_)));
 }
 
+/// A stream's device offset outside 0..2^63 (or one a draw would push past it) is refused on a
+/// host backend, naming it, and the offset is left as it was.
+#[test]
+fn a_random_stream_refuses_an_offset_out_of_range() {
+    let dev = Device::reference();
+    let stream = redline_tensor::RandomStream::new(1, &dev).unwrap();
+    // (2^63 − 1024: exact in the reference's f64 values; a draw of 2048 passes 2^63.)
+    for (bad, n) in [(-1i64, 4), (i64::MAX - 1023, 2048)] {
+        let offset = Tensor::from_slice(&[bad], &[1], &dev).unwrap();
+        stream.offset().assign(&offset).unwrap();
+        let err = stream.uniform(&[n], DType::F32).unwrap_err().to_string();
+        assert!(err.contains(&bad.to_string()), "{err}");
+        assert_eq!(stream.offset().to_vec::<i64>().unwrap(), [bad]);
+    }
+}
+
 #[test]
 fn dropout_is_keyed_by_seed_and_position() {
     let dev = Device::reference();

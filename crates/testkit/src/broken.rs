@@ -227,6 +227,15 @@ impl Backend for Broken {
     fn random_uniform(&self, dtype: DType, len: usize, seed: u64, offset: u64) -> Result<Storage> {
         self.inner.random_uniform(dtype, len, seed, offset)
     }
+    fn random_uniform_at(
+        &self,
+        dtype: DType,
+        len: usize,
+        seed: u64,
+        offset: View<'_>,
+    ) -> Result<Storage> {
+        self.inner.random_uniform_at(dtype, len, seed, offset)
+    }
     fn normalize_input(
         &self,
         x: View<'_>,

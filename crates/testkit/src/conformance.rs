@@ -376,6 +376,55 @@ pub fn refuses_out_of_plane_positions(device: &Device) {
     assert!(err.to_string().contains("out"), "{err}");
 }
 
+/// A [`RandomStream`](redline_tensor::RandomStream) draws what `random_uniform` draws at host
+/// offsets 0, 7 and 7 + 12 (odd lengths, so draws start mid-block of four), bit for bit, and
+/// its device offset ends at 7 + 12 + 5; assigning an offset back resumes it there; dropout
+/// from the stream drops what dropout at the same host offset drops.
+pub fn random_stream_follows_its_device_offset(device: &Device) {
+    use redline_tensor::{NnOp, Op, RandomStream, Tensor};
+    let stream = RandomStream::new(42, device).expect("a stream");
+    let mut at = 0u64;
+    // f64 where the device draws it (not wgpu).
+    let wide = match device
+        .backend()
+        .supports(Op::Nn(NnOp::RandomUniform), DType::F64)
+    {
+        true => DType::F64,
+        false => DType::F32,
+    };
+    for (shape, dtype) in [
+        (vec![7], DType::F32),
+        (vec![3, 4], DType::F32),
+        (vec![5], wide),
+    ] {
+        let drawn = stream.uniform(&shape, dtype).expect("a draw");
+        let want = Tensor::random_uniform(&shape, dtype, 42, at, device).expect("host offset");
+        let bits = |t: &Tensor| t.to_f64_vec().expect("values");
+        assert_eq!(bits(&drawn), bits(&want), "draw of {shape:?} at {at}");
+        at += shape.iter().product::<usize>() as u64;
+    }
+    let offset = stream.offset().to_vec::<i64>().expect("the offset");
+    assert_eq!(offset, [at as i64], "the device offset after three draws");
+    // Resume at 100: the next draw is the host stream's at 100.
+    let resumed = Tensor::from_slice(&[100i64], &[1], device).expect("an offset");
+    stream.offset().assign(&resumed).expect("assign");
+    let x = Tensor::from_slice(&[1.0f32; 16], &[16], device).expect("x");
+    let dropped = x.dropout_with(0.5, &stream, true).expect("dropout");
+    let want = x.dropout(0.5, 42, 100, true).expect("dropout at 100");
+    assert_eq!(
+        dropped.to_vec::<f32>().expect("values"),
+        want.to_vec::<f32>().expect("values")
+    );
+    assert!(
+        x.dropout_with(1.5, &stream, true).is_err(),
+        "p outside [0, 1)"
+    );
+    // Not training: the input, and the stream does not move.
+    assert_eq!(stream.offset().to_vec::<i64>().expect("offset"), [116]);
+    x.dropout_with(0.5, &stream, false).expect("identity");
+    assert_eq!(stream.offset().to_vec::<i64>().expect("offset"), [116]);
+}
+
 /// The fused cross-entropy without an `ignore_index` counts every sample — target 0 and the
 /// largest class included — and matches the reference's loss and logits' gradient (the
 /// suite's cases always pass `Some(-1)`; "none" reaches a backend as a target no sample holds).

@@ -755,6 +755,17 @@ impl Backend for OpProfile {
         let f = |b: &dyn Backend| b.random_uniform(dtype, len, seed, offset);
         self.timed(Elementwise, || "random_uniform".into(), bytes, f)
     }
+    fn random_uniform_at(
+        &self,
+        dtype: DType,
+        len: usize,
+        seed: u64,
+        offset: View<'_>,
+    ) -> Result<Storage> {
+        let bytes = (len * dtype.size()) as u64;
+        let f = |b: &dyn Backend| b.random_uniform_at(dtype, len, seed, offset);
+        self.timed(Elementwise, || "random_uniform".into(), bytes, f)
+    }
     fn normalize_input(
         &self,
         x: View<'_>,

@@ -283,6 +283,13 @@ fn the_sum_of_squares_covers_many_workgroups_of_many_tensors() {
 
 #[test]
 #[ignore = "hardware suite: cargo xtask test runs it"]
+fn random_stream_follows_its_device_offset() {
+    let Some((device, _)) = device() else { return };
+    redline_testkit::conformance::random_stream_follows_its_device_offset(&device);
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
 fn cross_entropy_without_ignore_index_keeps_every_sample() {
     let Some((device, _)) = device() else { return };
     redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(&device);

@@ -140,6 +140,8 @@ pub fn scatter_add(
 }
 
 /// `len` uniform numbers of the Philox stream of `seed` from element `offset`.
+/// `len` uniform numbers at `out` from the stream at `offset`, plus the device i64 at `at` when
+/// given (a position advanced on the device: read by the kernel, so a captured graph follows it).
 pub fn random_uniform(
     gpu: &dyn Gpu,
     dtype: DType,
@@ -147,6 +149,7 @@ pub fn random_uniform(
     len: usize,
     seed: u64,
     offset: u64,
+    at: Option<DevicePtr>,
 ) -> Result<()> {
     if len == 0 {
         return Ok(());
@@ -155,8 +158,16 @@ pub fn random_uniform(
         .ptr(out)
         .i64(len as i64)
         .u64(seed)
-        .u64(offset);
+        .u64(offset)
+        .ptr(at.unwrap_or(DevicePtr(0)));
     gpu.launch(&kernels::random_uniform(dtype), linear_shape(len), &args)
+}
+
+/// Moves the device i64 at `at` on by `len` (a stream's position past a draw), in order after
+/// the draw.
+pub fn advance(gpu: &dyn Gpu, at: DevicePtr, len: usize) -> Result<()> {
+    let args = KernelArgs::new().ptr(at).i64(len as i64);
+    gpu.launch("advance", LaunchShape::linear(1, 32), &args)
 }
 
 /// u8 NHWC `x` → `(x / 255 − mean) / std` in `out` (logically NCHW, out's dtype and layout).

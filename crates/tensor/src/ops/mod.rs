@@ -9,5 +9,6 @@ pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod norm;
 pub mod optim;
+pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod shape;
