@@ -196,7 +196,6 @@ impl CudaBackend {
         Ok(Storage::new(dtype, len, self.id, buffer))
     }
 
-    /// A storage for an op's output written in layout `out`.
     /// `x` copied into a fresh storage laid out as `wider` (more channels), zeros beyond its own.
     fn padded(&self, x: &ops::elementwise::Operand<'_>, wider: &Layout) -> Result<Storage> {
         let storage = self.alloc_for(x.dtype, wider)?;
@@ -204,6 +203,7 @@ impl CudaBackend {
         Ok(storage)
     }
 
+    /// A storage for an op's output written in layout `out`.
     fn alloc_for(&self, dtype: DType, out: &Layout) -> Result<Storage> {
         self.alloc(dtype, out.storage_extent().max(out.numel()))
     }

@@ -125,8 +125,9 @@ pub fn rank(o: &RankOptions) -> Result<Value, String> {
     }
     device.synchronize().map_err(|e| err(&e))?;
     collective.barrier().map_err(|e| err(&e))?;
-    let (seconds, loss) = timed_steps(&device, &mut trainer, &mut batches, o.steps, drop)
+    let timed = timed_steps(&device, &mut trainer, &mut batches, o.steps, drop)
         .map_err(|e| format!("rank {}: {e}", launch.rank))?;
+    let (seconds, loss) = (timed.seconds, timed.loss);
     let (buckets, overlapped) = match trainer.data_parallel() {
         Some(dp) => {
             let launches = dp.last_launches();

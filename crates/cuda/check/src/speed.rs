@@ -156,7 +156,11 @@ fn measure(
     trainer.take_times().map_err(|e| err(&e))?;
     // Each step's phase times arrive a few steps late (read from CUDA events without waiting).
     let mut times = Vec::new();
-    let (seconds, loss) = timed_steps(device, &mut trainer, batches, o.steps, |step| {
+    let Timed {
+        seconds,
+        host_seconds,
+        loss,
+    } = timed_steps(device, &mut trainer, batches, o.steps, |step| {
         times.extend(step.times)
     })?;
     times.extend(trainer.take_times().map_err(|e| err(&e))?);
@@ -188,6 +192,9 @@ fn measure(
         "warmup": warmup,
         "loss": loss,
         "gmac_per_image": gmac,
+        "host_ms_per_step": 1e3 * host_seconds / o.steps.max(1) as f64,
+        "host_share_of_wall": host_seconds / seconds,
+        "host_ms_from": "host time inside each train_step call: issuing the step (a replay: the batch's copy and one graph launch), any wait for data or the device included",
         "achieved_tflops": tflops,
         "busy_fraction": busy,
         "busy_fraction_from": "CUDA events around each step's compute (a replay: one graph launch) ÷ wall time; null without device timestamps",
@@ -203,21 +210,34 @@ fn measure(
     }))
 }
 
+/// What [`timed_steps`] measured.
+pub(crate) struct Timed {
+    /// Wall time between the two synchronisations.
+    pub seconds: f64,
+    /// Host time inside the `train_step` calls: issuing each step (a replay: the batch's copy
+    /// and one graph launch), and any wait for data or the device.
+    pub host_seconds: f64,
+    /// The last step's loss (NaN without steps).
+    pub loss: f64,
+}
+
 /// `steps` training steps timed between two synchronisations (the caller has synchronised
-/// before): (seconds, the last loss — NaN without steps), each step handed to `each`. A loss
-/// that is not finite is an error.
+/// before), each step handed to `each`. A loss that is not finite is an error.
 pub(crate) fn timed_steps(
     device: &Device,
     trainer: &mut redline_train::Trainer,
     batches: &mut dyn Iterator<Item = Result<redline_loader::Batch, redline_loader::LoaderError>>,
     steps: usize,
     mut each: impl FnMut(redline_train::Step),
-) -> Result<(f64, f64), String> {
+) -> Result<Timed, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let started = Instant::now();
     let mut last = None;
+    let mut host = Duration::ZERO;
     for _ in 0..steps {
+        let issued = Instant::now();
         let step = trainer.train_step(batches).map_err(|e| err(&e))?;
+        host += issued.elapsed();
         last = Some(step.loss.clone());
         each(step);
     }
@@ -230,7 +250,11 @@ pub(crate) fn timed_steps(
     if steps > 0 && !loss.is_finite() {
         return Err(format!("the loss is {loss}"));
     }
-    Ok((seconds, loss))
+    Ok(Timed {
+        seconds,
+        host_seconds: host.as_secs_f64(),
+        loss,
+    })
 }
 
 /// Where PyTorch's side is: `REDLINE_GPU_SPEED_SCRIPT`, the pack's `pytorch/gpu_speed.py`
@@ -399,6 +423,13 @@ mod tests {
         assert!(report["img_per_s"].as_f64().unwrap() > 0.0, "{report}");
         assert!(report["loss"].as_f64().unwrap().is_finite(), "{report}");
         assert_eq!(report["steps"], 2);
+        // The host's time issuing the steps: all of it on the CPU, which runs them as issued.
+        assert!(
+            report["host_ms_per_step"].as_f64().unwrap() > 0.0,
+            "{report}"
+        );
+        let share = report["host_share_of_wall"].as_f64().unwrap();
+        assert!(share > 0.5 && share <= 1.0, "{report}");
         assert_eq!(report["warmup"], GRAPH_WARMUP_STEPS + 1);
         assert_eq!(report["graph"]["replays"], 0);
         // Both measured steps' phases came back (the CPU times them with host timers).
