@@ -83,6 +83,13 @@ impl Layout {
         self.offset == 0 && self.is_dense_with(&contiguous_strides(&self.shape))
     }
 
+    /// Whether this view steps through memory as `dense` does — the same strides on every axis
+    /// of more than one element — at any offset: a channels-last view of
+    /// `Layout::channels_last(shape)`, say.
+    pub fn strides_match(&self, dense: &Layout) -> bool {
+        self.shape == dense.shape && self.is_dense_with(&dense.strides)
+    }
+
     fn is_dense_with(&self, strides: &[usize]) -> bool {
         self.shape
             .iter()
@@ -291,6 +298,21 @@ mod tests {
         let b = Layout::contiguous(&[3]).broadcast_to(&[2, 3]).unwrap();
         assert_eq!(b.indices().collect::<Vec<_>>(), [0, 1, 2, 0, 1, 2]);
         assert!(Layout::contiguous(&[2]).broadcast_to(&[3]).is_err());
+    }
+
+    #[test]
+    fn strides_match_ignores_offsets_and_single_element_axes() {
+        let cl = Layout::channels_last(&[2, 3, 4, 5]).unwrap();
+        let shifted = Layout::new(cl.shape().to_vec(), cl.strides().to_vec(), 7);
+        assert!(shifted.strides_match(&cl));
+        assert!(!Layout::contiguous(&[2, 3, 4, 5]).strides_match(&cl));
+        assert!(!Layout::channels_last(&[2, 3, 4, 6])
+            .unwrap()
+            .strides_match(&cl));
+        // One image, one row: the batch and row strides are free.
+        let one = Layout::channels_last(&[1, 3, 1, 5]).unwrap();
+        let other = Layout::new(vec![1, 3, 1, 5], vec![99, 1, 42, 3], 0);
+        assert!(other.strides_match(&one));
     }
 
     #[test]

@@ -62,12 +62,7 @@ fn in_order(l: &Layout, channels_last: bool) -> bool {
         true => Layout::channels_last(l.shape()),
         false => Ok(Layout::contiguous(l.shape())),
     };
-    dense.is_ok_and(|d| {
-        l.shape()
-            .iter()
-            .zip(l.strides().iter().zip(d.strides()))
-            .all(|(&n, (&a, &b))| n <= 1 || a == b)
-    })
+    dense.is_ok_and(|d| l.strides_match(&d))
 }
 
 /// `from` (C channels) copied into the first C channels of the zeroed, wider `to`.
