@@ -12,6 +12,12 @@
 //! communicator (`ncclCommAbort` ends the kernels), so the job fails with a message instead of
 //! hanging — PyTorch's `TORCH_NCCL_ASYNC_ERROR_HANDLING`.
 //!
+//! Collectives may be captured into a CUDA graph (NCCL ≥ 2.9): when the event a collective
+//! waits for was recorded on a capturing stream, NCCL's stream joins the capture and the calls
+//! are recorded, not run. Such a collective is not watched (its event never completes: it is
+//! never run as such); whoever replays the graph hands the point after each replay to
+//! [`Communicator::watch`] instead, and asks [`Communicator::alive`] before replaying.
+//!
 //! Not yet run on a GPU: the library, its version and unique ids are tested here (they need no
 //! device); communicators and collectives run in `gpu-check`'s NCCL stage.
 
@@ -355,9 +361,45 @@ impl Communicator {
             .and_then(|e| e.record(&inner.stream).map(|()| e))
             .map_err(|e| format!("recording NCCL's {what} event: {e:?}"))?;
         let event = Arc::new(event);
-        in_flight.retain(|(e, _, _)| !e.is_complete());
-        in_flight.push((event.clone(), Instant::now(), what.to_string()));
+        // Captured into a graph (the stream waited for an event of a capturing stream), the
+        // collective does not run now and its event can never be queried (CUDA refuses to
+        // query an event recorded during capture): the replays are watched instead
+        // ([`Communicator::watch`]).
+        let captured = inner
+            .stream
+            .capture_status()
+            .map_err(|e| format!("asking whether NCCL's stream is capturing: {e:?}"))?;
+        if captured == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            in_flight.retain(|(e, _, _)| !e.is_complete());
+            in_flight.push((event.clone(), Instant::now(), what.to_string()));
+        }
         Ok(event)
+    }
+
+    /// `Err` with the reason once the communicator has been aborted (nothing may be enqueued
+    /// on it then, a graph holding its collectives included).
+    pub fn alive(&self) -> Result<(), String> {
+        match self
+            .inner
+            .broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Watches `until` (recorded after work that runs this communicator's collectives without
+    /// enqueueing them here: a replayed graph) as one of its own collectives, named `what`:
+    /// unfinished after the timeout, the communicator is aborted.
+    pub fn watch(&self, until: &GpuEvent, what: &str) -> Result<(), String> {
+        let mut in_flight = (self.inner.in_flight.lock()).unwrap_or_else(|p| p.into_inner());
+        self.alive()?;
+        in_flight.retain(|(e, _, _)| !e.is_complete());
+        in_flight.push((until.clone(), Instant::now(), what.to_string()));
+        Ok(())
     }
 }
 

@@ -44,6 +44,28 @@ pub trait Collective: Send + Sync {
         self.all_reduce(tensors, op)?;
         after_writes(tensors)
     }
+    /// Whether this group's collectives can be recorded into a captured device graph (a CUDA
+    /// graph): issued on the tensors' device in stream order, ordered by events, with no host
+    /// round trip and no host-side result — NCCL's are. A host collective downloads, so it is
+    /// not (the default). The trainer captures a data-parallel step only over a group that is.
+    fn capturable(&self) -> bool {
+        false
+    }
+    /// Fails once this group has failed (a rank died, a collective ran past the timeout): what
+    /// enqueues its collectives without calling it — replaying a captured graph — asks first.
+    /// The default: a host collective's calls fail by themselves.
+    fn alive(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Holds device work that runs this group's collectives out of its sight (a replayed
+    /// graph: `until` is recorded after it) to the group's timeout, as a collective it issued:
+    /// not reached within it, the group fails (every later call and [`alive`](Self::alive)
+    /// say why) and its collectives are ended, so a dead peer stops the job instead of hanging
+    /// it. The default does nothing: its collectives never run out of its sight.
+    fn watch(&self, until: &Event) -> Result<()> {
+        let _ = until;
+        Ok(())
+    }
     /// Copies `root`'s tensors to every other rank.
     fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()>;
     /// Returns once every rank has called it.
@@ -72,6 +94,9 @@ impl Collective for SingleProcess {
     fn all_reduce_after(&self, tensors: &[Tensor], _op: Reduce, ready: &Event) -> Result<Event> {
         tensors.iter().try_for_each(check_dense)?;
         Ok(ready.clone())
+    }
+    fn capturable(&self) -> bool {
+        true
     }
     fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
         check_root(root, 1)?;

@@ -10,6 +10,12 @@
 //! forever): it aborts the communicator and every later call fails with the reason.
 //!
 //! Tensors on other devices (a host-side metric, say) go through the host collective instead.
+//!
+//! Capturable: a data-parallel step — its buffer broadcast, its gradient buckets issued from
+//! the all-reduce thread on NCCL's stream forked from the capture by their events, joined back
+//! by the optimizer's wait — is recorded into the step's CUDA graph. A replay runs them out of
+//! this collective's sight, so the trainer asks [`Collective::alive`] before each and hands
+//! the point after it to [`Collective::watch`]: the watchdog holds it to the timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,6 +185,22 @@ impl Collective for NcclCollective {
             .broadcast(&buffers, root, self.gpu_event(&ready)?)
             .map_err(|e| self.nccl_error("broadcast", e))?;
         Ok(self.device.wait_event(&self.event(done))?)
+    }
+
+    fn capturable(&self) -> bool {
+        true
+    }
+
+    fn alive(&self) -> Result<()> {
+        (self.comm.alive()).map_err(|e| self.nccl_error("NCCL", e))
+    }
+
+    fn watch(&self, until: &Event) -> Result<()> {
+        let Some(event) = self.gpu_event(until)? else {
+            return self.alive();
+        };
+        (self.comm.watch(event, "collectives of a replayed graph"))
+            .map_err(|e| self.nccl_error("watching a replay", e))
     }
 
     fn barrier(&self) -> Result<()> {

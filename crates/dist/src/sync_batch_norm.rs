@@ -23,11 +23,13 @@ impl SyncBatchStats {
     }
 
     /// Makes every batch norm of `model` synchronised over a new group split from
-    /// `collective` (collective: every rank calls it).
-    pub fn install(model: &dyn Module, collective: &dyn Collective) -> Result<()> {
-        let sync: Arc<dyn BatchStatsSync> = Arc::new(Self::new(collective.split()?));
+    /// `collective` (collective: every rank calls it), and returns that group (a step replayed
+    /// as a graph runs its sums too: the trainer watches it).
+    pub fn install(model: &dyn Module, collective: &dyn Collective) -> Result<Arc<dyn Collective>> {
+        let group = collective.split()?;
+        let sync: Arc<dyn BatchStatsSync> = Arc::new(Self::new(group.clone()));
         model.sync_batch_norm(Some(&sync));
-        Ok(())
+        Ok(group)
     }
 }
 

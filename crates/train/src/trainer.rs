@@ -118,7 +118,7 @@ pub struct GraphStats {
     /// dropped, a new one captured after a warm-up at the new size).
     pub captures: u64,
     /// Steps run eagerly after the warm-up, and why (no capture on this device, a batch of
-    /// another shape than the captured one, data parallelism).
+    /// another shape than the captured one, data parallelism over a host collective).
     pub eager_steps: u64,
     pub eager_reason: Option<String>,
 }
@@ -130,6 +130,27 @@ struct Ranked {
     /// broadcast before every training forward, as DDP's `broadcast_buffers` does, so every
     /// rank evaluates and checkpoints the same model.
     buffers: Vec<Tensor>,
+    /// Every group whose collectives a step runs (the reducer's, synchronised batch norm's):
+    /// a replayed graph runs them out of their sight, so each is asked whether it is alive
+    /// before a replay and watches the point after it.
+    groups: Vec<Arc<dyn Collective>>,
+}
+
+impl Ranked {
+    /// Whether every group's collectives can be captured into the step's graph.
+    fn capturable(&self) -> bool {
+        self.groups.iter().all(|g| g.capturable())
+    }
+
+    /// Before a replay: every group still whole.
+    fn alive(&self) -> Result<()> {
+        Ok(self.groups.iter().try_for_each(|g| g.alive())?)
+    }
+
+    /// After a replay (finished at `until`): each group holds it to its timeout.
+    fn watch(&self, until: &Event) -> Result<()> {
+        Ok(self.groups.iter().try_for_each(|g| g.watch(until))?)
+    }
 }
 
 /// How one step runs.
@@ -218,8 +239,13 @@ impl Trainer {
     /// static input buffers, writes the learning rate and replays it. A new resolution at the
     /// same batch size (progressive resizing) drops the graph and captures again after a
     /// warm-up; a batch of another size (the last, partial one), a device that cannot capture
-    /// and data parallelism (its bucket collectives run on another thread) run eagerly,
-    /// counted in [`Trainer::graph_stats`] with the reason.
+    /// and data parallelism over a host collective run eagerly, counted in
+    /// [`Trainer::graph_stats`] with the reason. A data-parallel step over NCCL is captured
+    /// whole: the buffer broadcast, the gradient buckets (issued from the all-reduce thread
+    /// onto NCCL's stream, forked from the capture by their events and joined by the
+    /// optimizer's wait) and synchronised batch norm's sums are in the graph; each replay
+    /// first asks the groups whether they are alive and then has them watch it, so a dead peer
+    /// still ends the job within the timeout.
     pub fn with_graph(mut self) -> Self {
         self.graph = Graphing::Waiting(GRAPH_WARMUP_STEPS);
         self.graph_stats.requested = true;
@@ -247,19 +273,26 @@ impl Trainer {
             .filter(|(_, t, kind)| *kind == Kind::Buffer && t.dtype().is_float())
             .map(|(_, t, _)| t)
             .collect();
+        let groups = vec![collective.clone()];
         let reducer = DataParallel::new(collective, params, &buffers, bucket_bytes)?;
-        self.data_parallel = Some(Ranked { reducer, buffers });
+        self.data_parallel = Some(Ranked {
+            reducer,
+            buffers,
+            groups,
+        });
         Ok(self)
     }
 
     /// Synchronised batch norm for a rank of a data-parallel job: every batch norm takes its
     /// training statistics over all ranks' batches (PyTorch's `SyncBatchNorm`), through a
     /// group split from the trainer's collective. Collective: every rank calls it.
-    pub fn with_sync_batch_norm(self) -> Result<Self> {
-        let ranked = self.data_parallel.as_ref().ok_or_else(|| {
+    pub fn with_sync_batch_norm(mut self) -> Result<Self> {
+        let ranked = self.data_parallel.as_mut().ok_or_else(|| {
             TrainError::Config("synchronised batch norm needs with_data_parallel first".into())
         })?;
-        SyncBatchStats::install(self.model.as_ref(), ranked.reducer.collective().as_ref())?;
+        let group =
+            SyncBatchStats::install(self.model.as_ref(), ranked.reducer.collective().as_ref())?;
+        ranked.groups.push(group);
         Ok(self)
     }
 
@@ -610,9 +643,12 @@ impl Trainer {
         }
         let (turn, reason) = match &self.graph {
             Graphing::Off => return GraphTurn::Eager,
-            Graphing::Waiting(_) if self.data_parallel.is_some() => {
+            Graphing::Waiting(_)
+                if self.data_parallel.as_ref().is_some_and(|r| !r.capturable()) =>
+            {
                 self.graph = Graphing::Refused;
-                let why = "data parallelism: its bucket collectives run on another thread";
+                let why = "data parallelism over a collective that cannot be captured into a \
+                           graph (it runs on the host: NCCL's can)";
                 (GraphTurn::Eager, Some(why.to_string()))
             }
             Graphing::Waiting(_) => return GraphTurn::Capture,
@@ -651,7 +687,7 @@ impl Trainer {
         // The rate's copy happens outside the graph; inside, `update` finds it unchanged.
         self.optimizer.set_lr(self.lr())?;
         if let (GraphTurn::Replay, Graphing::Active { graph, loss, .. }) = (turn, &self.graph) {
-            graph.replay()?;
+            self.replay(graph)?;
             self.model.batch_replayed();
             self.steps += 1;
             self.graph_stats.replays += 1;
@@ -669,7 +705,7 @@ impl Trainer {
         let captured = self.whole_step(staged);
         let graph = self.device.backend().end_capture();
         let (loss, graph) = (captured?, graph?);
-        graph.replay()?;
+        self.replay(&graph)?;
         self.graph_stats.nodes = graph.nodes();
         self.graph_stats.replays += 1;
         self.graph_stats.captures += 1;
@@ -680,6 +716,20 @@ impl Trainer {
             shape,
         };
         Ok(copy)
+    }
+
+    /// Enqueues the captured step once. It runs the job's collectives where their groups
+    /// cannot see them: a group that failed is not replayed on, and each holds the replay to
+    /// its timeout.
+    fn replay(&self, graph: &Graph) -> Result<()> {
+        if let Some(ranked) = &self.data_parallel {
+            ranked.alive()?;
+        }
+        graph.replay()?;
+        if let Some(ranked) = &self.data_parallel {
+            ranked.watch(&self.device.record_event()?)?;
+        }
+        Ok(())
     }
 
     /// The phase times of the steps not yet reported, oldest first (waiting for the device to

@@ -471,12 +471,8 @@ fn on_a_device_with_a_clock_step_times_arrive_two_steps_late() {
     }
 }
 
-/// Losses, the final state's bits and the graph statistics of a run.
-type GraphRun = (Vec<f32>, Vec<(String, Vec<u64>)>, redline_train::GraphStats);
-
-/// `steps` fp16 steps of the small CNN on `device`, with graph replay or not; epochs end with
-/// a partial batch.
-fn graph_run(device: &Device, set: &Arc<ShardSet>, steps: usize, graph: bool) -> GraphRun {
+/// The small CNN in fp16 with SGD, gradient clipping and a one-cycle schedule over `steps`.
+fn clipped_fp16_trainer(device: &Device, steps: usize) -> Trainer {
     let model = small_cnn(device);
     let sgd = Sgd::new(decay_groups(&model, 5e-5), 0.9, 0.0, true).unwrap();
     let config = TrainConfig {
@@ -486,7 +482,16 @@ fn graph_run(device: &Device, set: &Arc<ShardSet>, steps: usize, graph: bool) ->
         base_lr: 0.1,
         schedule: Schedule::one_cycle(steps),
     };
-    let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), config, device.clone()).unwrap();
+    Trainer::new(Box::new(model), Box::new(sgd), config, device.clone()).unwrap()
+}
+
+/// Losses, the final state's bits and the graph statistics of a run.
+type GraphRun = (Vec<f32>, Vec<(String, Vec<u64>)>, redline_train::GraphStats);
+
+/// `steps` fp16 steps of the small CNN on `device`, with graph replay or not; epochs end with
+/// a partial batch.
+fn graph_run(device: &Device, set: &Arc<ShardSet>, steps: usize, graph: bool) -> GraphRun {
+    let mut trainer = clipped_fp16_trainer(device, steps);
     if graph {
         trainer = trainer.with_graph();
     }
@@ -588,4 +593,185 @@ fn a_new_resolution_drops_the_graph_and_captures_again_after_a_warm_up() {
         (2, 6, 0),
         "{stats:?}"
     );
+}
+
+/// A device collective for a world of two whose other rank holds zero gradients: an average
+/// halves a tensor in place with device ops (issued on whatever thread calls, recorded into a
+/// capture like NCCL's), a sum keeps it, a max clamps it at zero. Counts the trainer's checks
+/// around replays, and can report its group failed once it has watched `fail_after` replays.
+#[derive(Default)]
+struct QuietPeer {
+    alive_checks: std::sync::atomic::AtomicUsize,
+    watched: std::sync::atomic::AtomicUsize,
+    fail_after: Option<usize>,
+}
+
+impl redline_dist::Collective for QuietPeer {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        2
+    }
+    fn all_reduce(&self, tensors: &[Tensor], op: redline_dist::Reduce) -> redline_dist::Result<()> {
+        for t in tensors {
+            let reduced = match op {
+                redline_dist::Reduce::Avg => t.mul_scalar(0.5)?,
+                redline_dist::Reduce::Sum => continue,
+                redline_dist::Reduce::Max => t.relu()?,
+            };
+            t.assign(&reduced)?;
+        }
+        Ok(())
+    }
+    fn capturable(&self) -> bool {
+        true
+    }
+    fn alive(&self) -> redline_dist::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.alive_checks.fetch_add(1, SeqCst);
+        match self.fail_after {
+            Some(n) if self.watched.load(SeqCst) >= n => Err(redline_dist::DistError::Peer {
+                rank: 1,
+                during: "a replayed step".into(),
+                message: "its collectives ran past the timeout".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+    fn watch(&self, _until: &redline_tensor::Event) -> redline_dist::Result<()> {
+        // (The emulator runs launches as they come: its events are reached when recorded.)
+        self.watched
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+    fn broadcast(&self, _tensors: &[Tensor], _root: usize) -> redline_dist::Result<()> {
+        Ok(()) // from rank 0, this one
+    }
+    fn barrier(&self) -> redline_dist::Result<()> {
+        Ok(())
+    }
+    fn split(&self) -> redline_dist::Result<Arc<dyn redline_dist::Collective>> {
+        Ok(Arc::new(QuietPeer::default()))
+    }
+}
+
+/// `steps` fp16 steps of the small CNN on `device`, data-parallel over `collective` (none:
+/// alone) in 1 KiB buckets, with graph replay or not; the steps' results, or the first error.
+fn data_parallel_run(
+    device: &Device,
+    set: &Arc<ShardSet>,
+    steps: usize,
+    graph: bool,
+    collective: Option<Arc<dyn redline_dist::Collective>>,
+) -> (Result<GraphRun, String>, Option<usize>) {
+    let mut trainer = clipped_fp16_trainer(device, steps);
+    if let Some(c) = collective {
+        trainer = trainer.with_data_parallel(c, 1024).unwrap();
+    }
+    if graph {
+        trainer = trainer.with_graph();
+    }
+    let mut batches = loader(set, 8, true);
+    let mut losses = Vec::new();
+    for _ in 0..steps {
+        match trainer.train_step(&mut batches) {
+            Ok(s) => losses.push(s.loss.item().unwrap() as f32),
+            Err(e) => {
+                return (
+                    Err(e.to_string()),
+                    Some(trainer.graph_stats().replays as usize),
+                )
+            }
+        }
+    }
+    let overlapped = (trainer.data_parallel()).map(|dp| {
+        dp.last_launches()
+            .iter()
+            .filter(|l| l.grads_pending > 0)
+            .count()
+    });
+    let run = (
+        losses,
+        bits(trainer.checkpoint_tensors()),
+        trainer.graph_stats().clone(),
+    );
+    (Ok(run), overlapped)
+}
+
+#[test]
+fn a_data_parallel_step_is_captured_with_its_collectives_and_replays_as_eager_steps() {
+    // Emulated CUDA, a device collective whose averages are device ops issued from the
+    // all-reduce thread while backward is being captured: replaying the graph must run them,
+    // or the weights would move twice as far as the eager run's.
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 48);
+    let device = Device::new(Arc::new(redline_cuda::CudaBackend::emulated().unwrap()));
+    let steps = 6;
+    let peer = |p: QuietPeer| Some(Arc::new(p) as Arc<dyn redline_dist::Collective>);
+    let (eager, _) = data_parallel_run(&device, &train, steps, false, peer(QuietPeer::default()));
+    let (eager_losses, eager_state, _) = eager.unwrap();
+    let quiet = Arc::new(QuietPeer::default());
+    let group = quiet.clone() as Arc<dyn redline_dist::Collective>;
+    let (graphed, overlapped) = data_parallel_run(&device, &train, steps, true, Some(group));
+    let (losses, state, stats) = graphed.unwrap();
+    assert_eq!(losses, eager_losses);
+    assert_eq!(state, eager_state);
+    // Steps 0-1 warm up, 2 is captured and run, 3-5 replay; none eager.
+    assert_eq!(
+        (stats.captures, stats.replays, stats.eager_steps),
+        (1, 4, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stats.eager_reason, None);
+    // The captured step's buckets started while backward was still being recorded.
+    assert!(overlapped.unwrap() > 0, "{overlapped:?}");
+    // Every replay was checked before and watched after.
+    assert_eq!(
+        (quiet.alive_checks.load(SeqCst), quiet.watched.load(SeqCst)),
+        (4, 4)
+    );
+    // The collective did act: alone, the same steps end elsewhere.
+    let (alone, _) = data_parallel_run(&device, &train, steps, true, None);
+    assert_ne!(alone.unwrap().1, eager_state);
+}
+
+#[test]
+fn a_replay_is_not_enqueued_on_a_group_that_failed_and_the_step_names_the_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 48);
+    let device = Device::new(Arc::new(redline_cuda::CudaBackend::emulated().unwrap()));
+    let failing = QuietPeer {
+        fail_after: Some(2),
+        ..QuietPeer::default()
+    };
+    let (run, replays) = data_parallel_run(&device, &train, 6, true, Some(Arc::new(failing)));
+    let error = run.expect_err("the step after the group failed fails");
+    assert!(
+        error.contains("rank 1") && error.contains("a replayed step"),
+        "{error}"
+    );
+    // The capture's own run and one replay; the third was refused before it was enqueued.
+    assert_eq!(replays, Some(2));
+}
+
+#[test]
+fn data_parallelism_over_a_host_collective_runs_eagerly_saying_why() {
+    // The TCP collective downloads gradients: nothing a graph can hold. A world of one on the
+    // loopback, on emulated CUDA, which could otherwise capture.
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 48);
+    let device = Device::new(Arc::new(redline_cuda::CudaBackend::emulated().unwrap()));
+    let server = redline_dist::StoreServer::bind("127.0.0.1:0").unwrap();
+    let timeout = std::time::Duration::from_secs(60);
+    let mut store =
+        redline_dist::StoreClient::connect(&server.address().to_string(), timeout).unwrap();
+    let group = redline_dist::TcpCollective::connect(&mut store, "graph/", 0, 1, timeout).unwrap();
+    let (run, _) = data_parallel_run(&device, &train, 5, true, Some(Arc::new(group)));
+    let (losses, _, stats) = run.unwrap();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert_eq!((stats.replays, stats.eager_steps), (0, 3), "{stats:?}");
+    let why = stats.eager_reason.unwrap_or_default();
+    assert!(why.contains("cannot be captured"), "{why}");
 }

@@ -18,7 +18,9 @@
 //! 6. `nccl` — NCCL's library (file, version), a one-rank communicator's all-reduce (sum,
 //!    average, max in f32, bf16 and f16), broadcast and an all-reduce ordered by events while
 //!    the compute stream works, then a bucketed ResNet-18 backward under NCCL against a plain
-//!    one. One rank proves the plumbing, not scaling (NCCL refuses two ranks on one GPU);
+//!    one, and a data-parallel training step captured as a CUDA graph with its collectives and
+//!    replayed against eager steps. One rank proves the plumbing, not scaling (NCCL refuses two
+//!    ranks on one GPU);
 //! 7. `graph` — a small training step (forward, loss, backward, GradScaler, SGD) captured as
 //!    a CUDA graph and replayed 20 times against eager steps with new inputs between replays:
 //!    the same results, the graph's node count, and an eager step's time next to a replay's;
@@ -559,7 +561,66 @@ fn nccl(device: &Device, emulate: bool) -> Result<Value, String> {
             "overlapped_buckets": launches.iter().filter(|l| l.grads_pending > 0).count(),
             "max_difference_relative": relative,
         },
+        "captured_step": nccl_captured_step(device)?,
         "note": "one rank proves the plumbing, not scaling",
+    }))
+}
+
+/// Stage 6's last check: a data-parallel training step over a one-rank NCCL group captured as
+/// a CUDA graph (the buffer broadcast, the buckets issued from the all-reduce thread onto
+/// NCCL's stream by events, the optimizer's wait) and replayed, against the same steps run
+/// eagerly. The group's watchdog timeout is short and outlived afterwards: a captured
+/// collective it tried to watch (its event can never be queried) would abort the group.
+fn nccl_captured_step(device: &Device) -> Result<Value, String> {
+    use redline_dist::{Collective, NcclCollective, SingleProcess};
+    use redline_loader::Resident;
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let (res, batch, steps) = (64, 16, 6);
+    let timeout = std::time::Duration::from_secs(3);
+    let run = |graph: bool| -> Result<_, String> {
+        let group =
+            NcclCollective::new(Arc::new(SingleProcess), device, timeout).map_err(|e| err(&e))?;
+        let group: Arc<dyn Collective> = Arc::new(group);
+        let (trainer, _) = bf16_resnet_trainer(device, "resnet18", speed::CLASSES, res, graph)?;
+        let mut trainer =
+            (trainer.with_data_parallel(group.clone(), 1 << 20)).map_err(|e| err(&e))?;
+        let (pixels, labels) = speed::resident_batch(batch, res);
+        let mut batches =
+            Resident::new(pixels, labels, res, 3, device.host_allocator()).map_err(|e| err(&e))?;
+        let mut losses = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let step = trainer.train_step(&mut batches).map_err(|e| err(&e))?;
+            losses.push(step.loss.item().map_err(|e| err(&e))?);
+        }
+        Ok((losses, trainer.graph_stats().clone(), group))
+    };
+    let (eager, _, _) = run(false)?;
+    let (replayed, stats, group) = run(true)?;
+    if stats.captures != 1 || stats.eager_steps != 0 {
+        return Err(format!(
+            "the data-parallel step was not captured once and replayed: {stats:?}"
+        ));
+    }
+    let worst = (eager.iter().zip(&replayed))
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+        .fold(0f64, f64::max);
+    // bf16, and cuDNN may pick non-deterministic algorithms: equal to rounding, not in bits.
+    if worst.is_nan() || worst > 2e-2 {
+        return Err(format!(
+            "replayed data-parallel losses {replayed:?} differ from eager {eager:?} by {worst:e}"
+        ));
+    }
+    device.synchronize().map_err(|e| err(&e))?;
+    std::thread::sleep(timeout + std::time::Duration::from_millis(500));
+    group.alive().map_err(|e| {
+        format!("the group failed after its captured collectives had finished: {e}")
+    })?;
+    Ok(json!({
+        "model": "resnet18", "res": res, "batch": batch, "steps": steps,
+        "graph_nodes": stats.nodes, "replays": stats.replays,
+        "losses_eager": eager, "losses_replayed": replayed,
+        "max_loss_difference_relative": worst,
+        "watchdog_outlived_s": timeout.as_secs_f64() + 0.5,
     }))
 }
 

@@ -1,6 +1,6 @@
 //! `redline-gpu-check [--json PATH] [--cases N] [--steps N] [--batch N] [--res N] [--model M]
 //! [--graph] [--speed-steps N] [--speed-batch N] [--speed-warmup N] [--vs-compile]
-//! [--nproc N] [--scale-steps N] [--scale-batch N] [--emulate]` on a GPU machine (`--emulate`:
+//! [--nproc N] [--scale-steps N] [--scale-batch N] [--scale-eager] [--emulate]` on a GPU machine (`--emulate`:
 //! on the host emulator instead); `redline-gpu-check prepare DIR` where the pack is built;
 //! `redline-gpu-check scale-rank …` is one rank of the scaling stage's jobs (started by it).
 //! See the library docs.
@@ -74,6 +74,9 @@ struct Cli {
     /// The longest each scaling job may take, in seconds.
     #[arg(long, default_value_t = 300)]
     scale_timeout: u64,
+    /// The scaling stage's steps run eagerly (on both sides) instead of replaying a graph.
+    #[arg(long)]
+    scale_eager: bool,
 }
 
 #[derive(Subcommand)]
@@ -120,6 +123,7 @@ fn main() -> ExitCode {
                 rank: RankOptions {
                     batch: cli.scale_batch,
                     steps: cli.scale_steps,
+                    eager: cli.scale_eager,
                     ..RankOptions::default()
                 },
                 binary,

@@ -8,8 +8,10 @@
 //! rank drives `cuda:{LOCAL_RANK}`, meets the others through the rendezvous, and trains in bf16
 //! with gradients averaged over NCCL in 25 MB buckets while backward runs. Every rank is fed one
 //! u8 batch resident in pinned memory (as the speed stage's memory-fed run), so the figure is
-//! compute and communication, not the loader. Steps run eagerly on both sides: a data-parallel
-//! step is not captured as a graph yet, and a fair ratio needs the same step.
+//! compute and communication, not the loader. Both sides replay the captured step after the
+//! warm-up — the N processes' graphs hold the NCCL collectives — or, with `--scale-eager`,
+//! both run every step eagerly: a fair ratio needs the same step. Each rank's report says how
+//! its steps ran (`graph`).
 //!
 //! A rank reports its own JSON line: images ÷ wall time between two synchronisations that
 //! every rank starts together (a barrier after the warm-up). The job's img/s is all ranks'
@@ -48,6 +50,9 @@ pub struct RankOptions {
     /// stage's own test on a machine without GPUs, not a measurement.
     #[arg(long)]
     pub cpu: bool,
+    /// Every step eager instead of replaying the captured step (on both sides).
+    #[arg(long)]
+    pub eager: bool,
 }
 
 impl Default for RankOptions {
@@ -59,6 +64,7 @@ impl Default for RankOptions {
             warmup: 5,
             steps: 20,
             cpu: false,
+            eager: false,
         }
     }
 }
@@ -78,6 +84,9 @@ impl RankOptions {
         }
         if self.cpu {
             args.push("--cpu".into());
+        }
+        if self.eager {
+            args.push("--eager".into());
         }
         args
     }
@@ -111,7 +120,8 @@ pub fn rank(o: &RankOptions) -> Result<Value, String> {
     };
     let timeout = timeout_from_env().map_err(|e| err(&e))?;
     let collective = connect_device(&launch, &device, timeout).map_err(|e| err(&e))?;
-    let (mut trainer, _) = crate::bf16_resnet_trainer(&device, &o.model, CLASSES, o.res, false)?;
+    let graph = !o.eager;
+    let (mut trainer, _) = crate::bf16_resnet_trainer(&device, &o.model, CLASSES, o.res, graph)?;
     if launch.world > 1 {
         trainer = trainer
             .with_data_parallel(collective.clone(), DEFAULT_BUCKET_BYTES)
@@ -136,6 +146,7 @@ pub fn rank(o: &RankOptions) -> Result<Value, String> {
         }
         None => (0, 0),
     };
+    let stats = trainer.graph_stats();
     Ok(json!({
         "rank": launch.rank,
         "world": launch.world,
@@ -148,6 +159,10 @@ pub fn rank(o: &RankOptions) -> Result<Value, String> {
         "loss": loss,
         "buckets": buckets,
         "overlapped_buckets": overlapped,
+        "graph": {
+            "requested": stats.requested, "replays": stats.replays, "nodes": stats.nodes,
+            "eager_steps": stats.eager_steps, "eager_reason": stats.eager_reason,
+        },
     }))
 }
 
@@ -342,7 +357,7 @@ pub fn stage(o: &ScaleOptions) -> Result<Value, String> {
         "precision": "bf16", "warmup": o.rank.warmup, "steps": o.rank.steps,
         "device": if o.rank.cpu { "cpu (the harness's own test: not a measurement)" } else { "cuda:{LOCAL_RANK}" },
         "collective": if o.rank.cpu { "TCP on loopback" } else { "NCCL" },
-        "graph": false,
+        "graph": !o.rank.eager,
         "bucket_bytes": DEFAULT_BUCKET_BYTES,
         "one_process_img_per_s": one_ips,
         "img_per_s": many_ips,

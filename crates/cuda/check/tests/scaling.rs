@@ -19,10 +19,22 @@ fn tiny(nproc: usize) -> ScaleOptions {
             warmup: 1,
             steps: 2,
             cpu: true,
+            eager: false,
         },
         binary: PathBuf::from(env!("CARGO_BIN_EXE_redline-gpu-check")),
         timeout: Duration::from_secs(300),
     }
+}
+
+/// A rank's `graph` report: a graph was asked for, none replayed, for a reason that says `why`.
+fn assert_graph_refused(graph: &serde_json::Value, why: &str, report: &serde_json::Value) {
+    assert_eq!(
+        (graph["requested"].as_bool(), graph["replays"].as_u64()),
+        (Some(true), Some(0)),
+        "{report}"
+    );
+    let reason = graph["eager_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(why), "{reason}: {report}");
 }
 
 #[test]
@@ -37,9 +49,17 @@ fn two_ranks_train_data_parallel_and_the_stage_reports_their_efficiency() {
         // Data parallel for real: gradients went out in buckets.
         assert!(rank["buckets"].as_u64().unwrap() > 0, "{report}");
         assert!(rank["loss"].as_f64().unwrap().is_finite(), "{report}");
+        // Asked for a graph, every step ran eagerly, saying why: the TCP collective runs on
+        // the host (and the CPU could not capture anyway).
+        assert_graph_refused(
+            &rank["graph"],
+            "collective that cannot be captured",
+            &report,
+        );
     }
-    // The one-process job trains alone: no buckets.
+    // The one-process job trains alone: no buckets, and the CPU cannot capture.
     let one = &report["one_process"][0];
+    assert_graph_refused(&one["graph"], "cannot capture graphs", &report);
     assert_eq!(
         (one["world"].as_u64(), one["buckets"].as_u64()),
         (Some(1), Some(0))
