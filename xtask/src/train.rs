@@ -56,6 +56,9 @@ pub struct TrainArgs {
     /// Replay the training step as a captured CUDA graph after a warm-up.
     #[arg(long)]
     graph: bool,
+    /// Gradient accumulation: one optimizer step per K batches.
+    #[arg(long, default_value_t = 1)]
+    accumulate: usize,
     /// The port rank 0 serves the rendezvous on (with --nproc).
     #[arg(long, default_value_t = 29500)]
     master_port: u16,
@@ -90,6 +93,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         ("--lr", args.lr.map(|v| v.to_string())),
         ("--precision", args.precision.clone()),
         ("--device", args.device.clone()),
+        ("--accumulate", Some(args.accumulate.to_string())),
     ];
     for (flag, value) in options {
         if let Some(v) = value {

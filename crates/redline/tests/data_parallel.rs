@@ -1,5 +1,6 @@
 //! `redline-train` as a data-parallel job: two processes started with torchrun's variables
-//! train a ResNet-18 on the CPU over the TCP collective, rank 0 alone writes the checkpoint and
+//! train a ResNet-18 on the CPU over the TCP collective (with synchronised batch norm and
+//! gradient accumulation, or without), rank 0 alone writes the checkpoint and
 //! the report, and that checkpoint resumes in a single process (the position rescaled to the
 //! new world size).
 
@@ -76,16 +77,48 @@ fn synthetic(dir: &Path) {
 }
 
 #[test]
-fn two_ranks_with_synchronised_batch_norm_train_a_resnet() {
+fn two_ranks_with_synchronised_batch_norm_and_gradient_accumulation_train_a_resnet() {
     let dir = tempfile::tempdir().unwrap();
     synthetic(dir.path());
-    let [lead, _] = two_ranks(dir.path(), &["--epochs", "1", "--sync-bn"]);
+    let extra = ["--epochs", "1", "--sync-bn", "--accumulate", "2"];
+    let [lead, _] = two_ranks(dir.path(), &extra);
     assert!(lead.contains("rank 0 of 2 (data parallel"), "{lead}");
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("rank0.json")).unwrap())
             .unwrap();
-    assert_eq!(report["world"], 2);
+    assert_eq!(
+        (report["world"].as_u64(), report["accumulate"].as_u64()),
+        (Some(2), Some(2))
+    );
     assert!(report["final_val_top1"].as_f64().is_some(), "{report}");
+    // 16 images per rank in batches of 4: 2 optimizer steps of 2 batches (8 images) each.
+    let steps = &report["history"][0]["steps"];
+    assert_eq!(
+        (steps["steps"].as_u64(), steps["batch"].as_u64()),
+        (Some(2), Some(8)),
+        "{steps}"
+    );
+}
+
+#[test]
+fn an_accumulation_longer_than_an_epoch_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic(dir.path());
+    for k in ["0", "9"] {
+        let out = train(
+            dir.path(),
+            "refused.json",
+            &["--epochs", "1", "--accumulate", k],
+        )
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--accumulate {k} ran: {stderr}");
+        assert!(
+            stderr.contains(&format!("--accumulate {k}: between 1 and the 8 batches")),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]

@@ -83,6 +83,8 @@ pub struct Trainer {
     /// Replaying the step as a captured graph ([`Trainer::with_graph`]).
     graph: Graphing,
     graph_stats: GraphStats,
+    /// Loader batches per optimizer step ([`Trainer::with_accumulation`]).
+    accumulate: usize,
 }
 
 /// Eager steps before the step is captured: libraries pick algorithms and size workspaces, and
@@ -229,6 +231,7 @@ impl Trainer {
             data_parallel: None,
             graph: Graphing::Off,
             graph_stats: GraphStats::default(),
+            accumulate: 1,
         })
     }
 
@@ -250,6 +253,30 @@ impl Trainer {
         self.graph = Graphing::Waiting(GRAPH_WARMUP_STEPS);
         self.graph_stats.requested = true;
         self
+    }
+
+    /// Gradient accumulation: one optimizer step per `batches` loader batches, for an
+    /// effective batch `batches` times the loader's. Each batch's forward and backward run in
+    /// turn with its loss scaled by 1/`batches`, so the gradients sum in place to those of the
+    /// mean loss over all of them; unscale, clip, the optimizer and the scale update run after
+    /// the last. A rank of a data-parallel job reduces only the last batch's backward, which
+    /// carries the sum (DDP's `no_sync` on the others). The schedule counts optimizer steps, and
+    /// [`Step`] reports the batches' mean loss and all their images. Such steps run eagerly
+    /// (a captured graph holds one batch's copy); batch norm's running statistics see every
+    /// batch, as in PyTorch. `batches` = 0 is refused.
+    pub fn with_accumulation(mut self, batches: usize) -> Result<Self> {
+        if batches == 0 {
+            return Err(TrainError::Config(
+                "gradient accumulation over 0 batches a step".into(),
+            ));
+        }
+        self.accumulate = batches;
+        Ok(self)
+    }
+
+    /// Loader batches per optimizer step (1 without accumulation).
+    pub fn accumulation(&self) -> usize {
+        self.accumulate
     }
 
     /// What graph replay did so far.
@@ -568,20 +595,20 @@ impl Trainer {
         Ok(())
     }
 
-    /// One training step on the next batch of `batches`, timed phase by phase.
+    /// One training step on the next batch of `batches` (the next
+    /// [`accumulation`](Self::accumulation) batches with gradient accumulation), timed phase
+    /// by phase.
     pub fn train_step(
         &mut self,
         batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
     ) -> Result<Step> {
+        if self.accumulate > 1 {
+            return self.accumulated_step(batches);
+        }
         let device = self.device.clone();
         let mut clock = PhaseClock::start(&device)?;
-        let batch = batches.next().ok_or(TrainError::NoData)??;
+        let batch = self.next_batch(batches, &mut clock)?;
         let images = batch.len;
-        self.position = Position {
-            epoch: batch.position.epoch,
-            index: batch.position.index + batch.len,
-        };
-        clock.lap_host(Phase::DataWait)?;
         let lr = self.lr();
         let staged = self.stage(batch)?;
         let loss = match self.graph_turn(&staged) {
@@ -610,6 +637,100 @@ impl Trainer {
                 loss
             }
         };
+        self.finish_step(clock, loss, lr, images)
+    }
+
+    /// One optimizer step over the next `accumulate` batches ([`Trainer::with_accumulation`]),
+    /// eager. The phases repeat per batch (data wait, copy and input op, forward, backward),
+    /// each adding to its total; the optimizer phase ends the step. Running out of batches
+    /// part-way is [`TrainError::NoData`], with the part-step's gradients cleared.
+    fn accumulated_step(
+        &mut self,
+        batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
+    ) -> Result<Step> {
+        let k = self.accumulate;
+        if self.graph_stats.requested {
+            if !matches!(self.graph, Graphing::Refused) {
+                self.graph = Graphing::Refused;
+                self.graph_stats.eager_reason = Some(format!(
+                    "gradient accumulation ({k} batches a step): a graph holds one batch's copy"
+                ));
+            }
+            self.graph_stats.eager_steps += 1;
+        }
+        let device = self.device.clone();
+        let mut clock = PhaseClock::start(&device)?;
+        let lr = self.lr();
+        let mut images = 0;
+        let mut summed: Option<Tensor> = None;
+        for i in 0..k {
+            let accumulated = self.accumulate_one(batches, &mut clock, i + 1 == k);
+            let (loss, n) = match accumulated {
+                Ok(done) => done,
+                Err(e) => {
+                    zero_grad(self.optimizer.groups());
+                    return Err(e);
+                }
+            };
+            images += n;
+            summed = Some(match summed {
+                Some(sum) => sum.add(&loss)?,
+                None => loss,
+            });
+        }
+        self.update()?;
+        clock.lap(Phase::Optimizer)?;
+        let loss = (summed.ok_or(TrainError::NoData)?).mul_scalar(1.0 / k as f64)?;
+        self.finish_step(clock, loss, lr, images)
+    }
+
+    /// One batch of an accumulated step: forward, and backward of its loss ÷ `accumulate`
+    /// (reduced across ranks only for the `last`). Its loss (detached) and image count.
+    fn accumulate_one(
+        &mut self,
+        batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
+        clock: &mut PhaseClock,
+        last: bool,
+    ) -> Result<(Tensor, usize)> {
+        let batch = self.next_batch(batches, clock)?;
+        let images = batch.len;
+        let inputs = self.upload(batch)?;
+        clock.lap(Phase::HostToDevice)?;
+        let loss = self.forward(&inputs)?;
+        clock.lap(Phase::Forward)?;
+        let share = loss.mul_scalar(1.0 / self.accumulate as f64)?;
+        match (&self.data_parallel, last) {
+            (Some(ranked), false) => ranked.reducer.no_sync(|| self.backward(&share))?,
+            _ => self.backward(&share)?,
+        }
+        clock.lap(Phase::Backward)?;
+        Ok((loss.detach(), images))
+    }
+
+    /// The loader's next batch (the data wait phase), its end the trainer's new position.
+    fn next_batch(
+        &mut self,
+        batches: &mut dyn Iterator<Item = Result<Batch, LoaderError>>,
+        clock: &mut PhaseClock,
+    ) -> Result<Batch> {
+        let batch = batches.next().ok_or(TrainError::NoData)??;
+        self.position = Position {
+            epoch: batch.position.epoch,
+            index: batch.position.index + batch.len,
+        };
+        clock.lap_host(Phase::DataWait)?;
+        Ok(batch)
+    }
+
+    /// Hands the step's phase times to the late-read ring and reads the oldest that is due.
+    fn finish_step(
+        &mut self,
+        clock: PhaseClock,
+        loss: Tensor,
+        lr: f64,
+        images: usize,
+    ) -> Result<Step> {
+        let device = self.device.clone();
         self.pending_times.push_back(clock.finish_later());
         let known = self.pending_times.len() > TIMES_LAG
             || self

@@ -775,3 +775,144 @@ fn data_parallelism_over_a_host_collective_runs_eagerly_saying_why() {
     let why = stats.eager_reason.unwrap_or_default();
     assert!(why.contains("cannot be captured"), "{why}");
 }
+
+/// A small CNN without batch norm (whose statistics depend on how a batch is split).
+fn cnn_without_batch_norm(device: &Device) -> Sequential {
+    let mut init = Init::new(5, device, DType::F32);
+    let conv = Conv2d::resnet(&mut init, 3, 8, 3, 2, 1).expect("conv");
+    Sequential::new()
+        .push(conv)
+        .push(ReLU)
+        .push(GlobalAvgPool)
+        .push(Linear::new(&mut init, 8, CLASSES).expect("linear"))
+}
+
+/// An fp32 SGD trainer (momentum, weight decay, clipping) of the model without batch norm.
+fn accumulating_trainer(device: &Device, batches: usize) -> Trainer {
+    let model = cnn_without_batch_norm(device);
+    let sgd = Sgd::new(decay_groups(&model, 5e-4), 0.9, 0.0, true).unwrap();
+    let config = TrainConfig {
+        precision: Precision::Fp32,
+        label_smoothing: 0.1,
+        clip_norm: Some(1.0),
+        base_lr: 0.2,
+        schedule: Schedule::one_cycle(6),
+    };
+    (Trainer::new(Box::new(model), Box::new(sgd), config, device.clone()).unwrap())
+        .with_accumulation(batches)
+        .unwrap()
+}
+
+#[test]
+fn two_accumulated_half_batches_step_as_one_batch_of_both() {
+    // The loader in evaluation mode (no shuffle, centre crops): batches of 4 hold the batches
+    // of 8 split in two. Three steps of 8 against three of 2 × 4.
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 40);
+    let device = CpuBackend::device();
+    let mut whole = accumulating_trainer(&device, 1);
+    let mut halves = accumulating_trainer(&device, 2).with_graph();
+    assert_eq!(halves.accumulation(), 2);
+    let (mut eights, mut fours) = (loader(&train, 8, false), loader(&train, 4, false));
+    for step in 0..3 {
+        let a = whole.train_step(&mut eights).unwrap();
+        let b = halves.train_step(&mut fours).unwrap();
+        assert_eq!((a.images, b.images), (8, 8), "step {step}");
+        let (la, lb) = (a.loss.item().unwrap(), b.loss.item().unwrap());
+        assert!(
+            (la - lb).abs() <= 1e-5 * la.abs(),
+            "step {step}: loss {la} vs {lb}"
+        );
+        assert_eq!(a.lr, b.lr, "step {step}");
+    }
+    assert_eq!((whole.steps(), halves.steps()), (3, 3));
+    assert_eq!(whole.position(), halves.position());
+    // A sum of two halves' gradients against one sum: equal to f32 rounding.
+    for ((name, a), (_, b)) in whole
+        .checkpoint_tensors()
+        .iter()
+        .zip(halves.checkpoint_tensors())
+    {
+        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        let largest = a.iter().map(|x| x.abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-5 * largest.max(1.0), "{name}: {worst:e} apart");
+    }
+    // Asked for a graph, the accumulated steps ran eagerly, saying why.
+    let stats = halves.graph_stats();
+    assert_eq!((stats.replays, stats.eager_steps), (0, 3), "{stats:?}");
+    let why = stats.eager_reason.clone().unwrap_or_default();
+    assert!(
+        why.contains("gradient accumulation (2 batches a step)"),
+        "{why}"
+    );
+}
+
+/// A world of one that counts its all-reduces.
+#[derive(Default)]
+struct CountingGroup(std::sync::atomic::AtomicUsize);
+
+impl redline_dist::Collective for CountingGroup {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        1
+    }
+    fn all_reduce(&self, _: &[Tensor], _: redline_dist::Reduce) -> redline_dist::Result<()> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+    fn broadcast(&self, _: &[Tensor], _: usize) -> redline_dist::Result<()> {
+        Ok(())
+    }
+    fn barrier(&self) -> redline_dist::Result<()> {
+        Ok(())
+    }
+    fn split(&self) -> redline_dist::Result<Arc<dyn redline_dist::Collective>> {
+        Ok(Arc::new(CountingGroup::default()))
+    }
+}
+
+#[test]
+fn a_data_parallel_rank_reduces_once_per_accumulated_step_and_a_short_step_keeps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 40);
+    let device = CpuBackend::device();
+    let group = Arc::new(CountingGroup::default());
+    let mut trainer = (accumulating_trainer(&device, 3))
+        .with_data_parallel(group.clone(), 256)
+        .unwrap();
+    let buckets = trainer.data_parallel().unwrap().buckets().len();
+    assert!(buckets > 1, "{buckets} buckets");
+    // Seven batches: two steps of three, then one batch short of a third.
+    let mut batches = loader(&train, 4, true).take(7);
+    for _ in 0..2 {
+        trainer.train_step(&mut batches).unwrap();
+    }
+    assert_eq!(
+        group.0.load(std::sync::atomic::Ordering::SeqCst),
+        2 * buckets
+    );
+    let short = trainer.train_step(&mut batches);
+    assert!(
+        matches!(short, Err(redline_train::TrainError::NoData)),
+        "{:?}",
+        short.err()
+    );
+    assert_eq!(trainer.steps(), 2);
+    // The short step's gradients are gone: nothing leaks into the next step.
+    let kept: Vec<String> = named_parameters(trainer.model())
+        .into_iter()
+        .filter(|(_, p)| p.grad().is_some())
+        .map(|(n, _)| n)
+        .collect();
+    assert!(kept.is_empty(), "gradients left: {kept:?}");
+    assert!(accumulating_trainer(&device, 1)
+        .with_accumulation(0)
+        .is_err());
+}

@@ -106,6 +106,11 @@ struct Cli {
     /// run eagerly and the report's `graph` says why.
     #[arg(long)]
     graph: bool,
+    /// Gradient accumulation: one optimizer step per K batches (effective batch K × --batch;
+    /// a data-parallel job reduces once per step). An epoch's last batches that do not fill a
+    /// step are skipped.
+    #[arg(long, default_value_t = 1)]
+    accumulate: usize,
 }
 
 fn open(dir: &Path) -> Res<Arc<ShardSet>> {
@@ -185,7 +190,16 @@ fn run() -> Res<()> {
         )
         .into());
     }
-    let total = epochs * per_epoch;
+    let accumulate = cli.accumulate;
+    if accumulate == 0 || accumulate > per_epoch {
+        return Err(format!(
+            "--accumulate {accumulate}: between 1 and the {per_epoch} batches of an epoch"
+        )
+        .into());
+    }
+    // Optimizer steps per epoch.
+    let steps_per_epoch = per_epoch / accumulate;
+    let total = epochs * steps_per_epoch;
     let recipe = TrainConfig {
         precision,
         label_smoothing: 0.1,
@@ -193,7 +207,8 @@ fn run() -> Res<()> {
         base_lr: lr,
         schedule: Schedule::one_cycle(total),
     };
-    let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), recipe, device.clone())?;
+    let mut trainer = Trainer::new(Box::new(model), Box::new(sgd), recipe, device.clone())?
+        .with_accumulation(accumulate)?;
     if cli.graph {
         trainer = trainer.with_graph();
     }
@@ -227,20 +242,21 @@ fn run() -> Res<()> {
     if lead {
         eprintln!(
             "redline-train: {model_name} ({classes} classes) on {}, {precision}, batch {batch}, \
-         {epochs} epochs × {per_epoch} steps, lr {lr} one-cycle, res {min_res}→{res}",
+         {epochs} epochs × {steps_per_epoch} steps of {accumulate} batch(es), lr {lr} one-cycle, res {min_res}→{res}",
             device.name()
         );
     }
     let mut history = Vec::new();
     let started = Instant::now();
     loop {
-        // Where this epoch starts: a position at an epoch's very end is the next one's start.
+        // Where this epoch starts: a position with fewer batches left in its epoch than a step
+        // takes is the next epoch's start.
         let at = trainer.position();
-        let done_steps = at.index / batch;
-        let (epoch, first) = if done_steps >= per_epoch {
+        let done_batches = at.index / batch;
+        let (epoch, first) = if done_batches + accumulate > per_epoch {
             (at.epoch as usize + 1, 0)
         } else {
-            (at.epoch as usize, done_steps)
+            (at.epoch as usize, done_batches)
         };
         if epoch >= epochs || trainer.steps() >= total {
             break;
@@ -259,7 +275,7 @@ fn run() -> Res<()> {
         // Every tenth step's loss, read asynchronously when the next one is taken: no step
         // waits for the device (phase times also arrive a few steps late).
         let mut loss_in_flight: Option<PendingVec<f32>> = None;
-        for done in first..per_epoch {
+        for done in (first..=per_epoch - accumulate).step_by(accumulate) {
             let step = trainer.train_step(&mut loader)?;
             times.extend(step.times);
             if done == first {
@@ -288,7 +304,7 @@ fn run() -> Res<()> {
             eprintln!();
         }
         let ops = StepProfile::new(&profile.rows(), times.len(), synchronous, false, false);
-        let mut steps = Summary::new(&times, batch).to_json();
+        let mut steps = Summary::new(&times, batch * accumulate).to_json();
         steps["resolution"] = json!(epoch_res);
         steps["stream_gb_per_s"] = json!(stream_gb_per_s);
         steps["ops"] = ops.to_json();
@@ -320,7 +336,7 @@ fn run() -> Res<()> {
     let report = json!({
         "device": device.name(), "device_kind": format!("{:?}", candidate.kind).to_lowercase(),
         "workers": workers, "world": world, "decoder": redline_loader::Codec::best().name(), "model": model_name, "precision": precision.to_string(),
-        "batch": batch, "epochs": epochs, "lr": lr, "resolution": res, "min_resolution": min_res,
+        "batch": batch, "accumulate": accumulate, "epochs": epochs, "lr": lr, "resolution": res, "min_resolution": min_res,
         "final_val_top1": last["val_top1"], "final_val_top5": last["val_top5"],
         "seconds": started.elapsed().as_secs_f64(), "history": history,
         "graph": {
