@@ -561,7 +561,10 @@ fn nccl(device: &Device, emulate: bool) -> Result<Value, String> {
             "overlapped_buckets": launches.iter().filter(|l| l.grads_pending > 0).count(),
             "max_difference_relative": relative,
         },
-        "captured_step": nccl_captured_step(device)?,
+        "captured_step": nccl_captured_step(device).map_err(|e| format!(
+            "the captured data-parallel step (after the collectives and the bucketed step had \
+             passed): {e}"
+        ))?,
         "note": "one rank proves the plumbing, not scaling",
     }))
 }

@@ -154,6 +154,7 @@ fn measure(
     }
     device.synchronize().map_err(|e| err(&e))?;
     trainer.take_times().map_err(|e| err(&e))?;
+    let memory_before = device.memory_stats();
     // Each step's phase times arrive a few steps late (read from CUDA events without waiting).
     let mut times = Vec::new();
     let Timed {
@@ -164,6 +165,9 @@ fn measure(
         times.extend(step.times)
     })?;
     times.extend(trainer.take_times().map_err(|e| err(&e))?);
+    // In use and reserved after the measured steps, and what they took from the device (a
+    // steady state takes nothing: the caching allocator serves every step).
+    let memory = redline_train::profile::memory_json(memory_before, device.memory_stats(), o.steps);
     let img_per_s = (o.batch * o.steps) as f64 / seconds;
     // The device's compute time (forward, backward, optimizer — a replay is all three) from
     // the CUDA events around it, over the wall time: a replay's events bracket one graph
@@ -199,6 +203,7 @@ fn measure(
         "busy_fraction": busy,
         "busy_fraction_from": "CUDA events around each step's compute (a replay: one graph launch) ÷ wall time; null without device timestamps",
         "phases": Summary::new(&times, o.batch).to_json(),
+        "device_memory": memory,
         "graph": {
             "requested": o.graph,
             "kernels_per_step": stats.nodes,
@@ -526,6 +531,17 @@ mod emulated {
             graph["kernels_per_step"].as_u64().unwrap() > 100,
             "{report}"
         );
+        // Memory in use and reserved; the replayed step took nothing from the device.
+        let memory = &report["redline"]["device_memory"];
+        let (in_use, reserved) = (
+            memory["in_use_bytes"].as_u64(),
+            memory["reserved_bytes"].as_u64(),
+        );
+        assert!(
+            in_use.is_some_and(|u| u > 0) && reserved >= in_use,
+            "{report}"
+        );
+        assert_eq!(memory["device_allocations_measured"], 0, "{report}");
         assert!(report["pytorch"]["not_run"].is_string(), "{report}");
         assert!(
             report.get("share_of_peak").is_none(),
