@@ -7,9 +7,10 @@ use redline_tensor::{DType, Result, Tensor, TensorError};
 
 struct Scope {
     dtype: DType,
-    /// Low-precision copies of parameters (leaves that require grad), keyed by identity; kept
-    /// for the scope's life, as PyTorch's autocast weight cache is.
-    weights: HashMap<usize, Tensor>,
+    /// Low-precision copies of parameters (leaves that require grad), keyed by identity and
+    /// whether the copy is channels-last; kept for the scope's life, as PyTorch's autocast
+    /// weight cache is.
+    weights: HashMap<(usize, bool), Tensor>,
 }
 
 thread_local! {
@@ -55,26 +56,43 @@ pub fn autocast_dtype() -> Option<DType> {
 /// An operand of a conv or matmul, in the scope's low precision (f32/f64 inputs only; others
 /// pass through). Parameters are cast once per scope and reused.
 pub fn for_compute(t: &Tensor) -> Result<Tensor> {
+    low_precision(t, false)
+}
+
+/// [`for_compute`] for a conv weight beside a channels-last input: the low-precision copy is
+/// stored channels-last (KRSC, what cuDNN's NHWC kernels take, as PyTorch's channels-last
+/// models keep their weights), made in the same one copy as the cast. The parameter and its
+/// gradient keep their own layout. Outside a scope, unchanged.
+pub fn for_compute_channels_last(t: &Tensor) -> Result<Tensor> {
+    low_precision(t, t.shape().len() == 4)
+}
+
+fn low_precision(t: &Tensor, channels_last: bool) -> Result<Tensor> {
     let Some(dtype) = autocast_dtype() else {
         return Ok(t.clone());
     };
     if !matches!(t.dtype(), DType::F32 | DType::F64) {
         return Ok(t.clone());
     }
+    let cast = |t: &Tensor| match channels_last {
+        true => t.cast_channels_last(dtype),
+        false => t.cast(dtype),
+    };
     if !(t.is_leaf() && t.requires_grad()) {
-        return t.cast(dtype);
+        return cast(t);
     }
+    let key = (t.key(), channels_last);
     if let Some(hit) = SCOPES.with(|s| {
         s.borrow()
             .last()
-            .and_then(|scope| scope.weights.get(&t.key()).cloned())
+            .and_then(|scope| scope.weights.get(&key).cloned())
     }) {
         return Ok(hit);
     }
-    let low = t.cast(dtype)?;
+    let low = cast(t)?;
     SCOPES.with(|s| {
         if let Some(scope) = s.borrow_mut().last_mut() {
-            scope.weights.insert(t.key(), low.clone());
+            scope.weights.insert(key, low.clone());
         }
     });
     Ok(low)

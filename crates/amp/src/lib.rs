@@ -13,7 +13,9 @@
 mod autocast;
 mod scaler;
 
-pub use autocast::{autocast, autocast_dtype, for_compute, for_f32, Autocast};
+pub use autocast::{
+    autocast, autocast_dtype, for_compute, for_compute_channels_last, for_f32, Autocast,
+};
 pub use scaler::GradScaler;
 
 /// The README's example, compiled and run as a doctest.

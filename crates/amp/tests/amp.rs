@@ -1,9 +1,11 @@
 //! The autocast policy and GradScaler on the CPU backend, with raw tensors (the layers that
 //! consult the policy are tested in redline-nn).
 
-use redline_amp::{autocast, autocast_dtype, for_compute, for_f32, GradScaler};
+use redline_amp::{
+    autocast, autocast_dtype, for_compute, for_compute_channels_last, for_f32, GradScaler,
+};
 use redline_cpu::CpuBackend;
-use redline_tensor::{DType, Device, ScalerParams, Tensor};
+use redline_tensor::{Conv2dParams, DType, Device, ScalerParams, Tensor};
 
 fn weight(device: &Device) -> Tensor {
     Tensor::from_slice(&[0.5f32, -1.0, 2.0, 0.25], &[2, 2], device)
@@ -85,6 +87,65 @@ fn parameters_are_cast_once_per_scope_and_grads_reach_the_f32_master() {
     let _step = autocast(DType::F16).unwrap();
     let fresh = for_compute(&w).unwrap().to_f64_vec().unwrap();
     assert_eq!(fresh, vec![1.0, -2.0, 4.0, 0.5]);
+}
+
+#[test]
+fn a_conv_weight_beside_channels_last_activations_is_cast_channels_last_in_one_copy() {
+    // bf16 conv of a channels-last input with the weight's copy in either layout: the same
+    // output bits, and the f32 master's gradient laid out as the master (OIHW), the same bits.
+    let device = CpuBackend::device();
+    let values = |n: usize, k: usize| -> Vec<f32> {
+        (0..n).map(|i| ((i * k) % 23) as f32 / 8.0 - 1.5).collect()
+    };
+    let master = || {
+        Tensor::from_slice(&values(8 * 4 * 9, 7), &[8, 4, 3, 3], &device)
+            .unwrap()
+            .with_requires_grad(true)
+    };
+    let x = Tensor::from_slice(&values(2 * 4 * 6 * 6, 5), &[2, 4, 6, 6], &device)
+        .and_then(|t| t.to_channels_last())
+        .unwrap();
+    let p = Conv2dParams {
+        padding: [1, 1],
+        ..Conv2dParams::default()
+    };
+    let run = |channels_last: bool| {
+        let w = master();
+        let _scope = autocast(DType::BF16).unwrap();
+        let low = match channels_last {
+            true => for_compute_channels_last(&w).unwrap(),
+            false => for_compute(&w).unwrap(),
+        };
+        assert_eq!(low.dtype(), DType::BF16);
+        assert_eq!(low.is_channels_last(), channels_last);
+        assert_eq!(low.layout().is_contiguous(), !channels_last);
+        if channels_last {
+            // Cached per scope and layout: the same copy again, the OIHW one apart.
+            assert_eq!(for_compute_channels_last(&w).unwrap().key(), low.key());
+            assert_ne!(for_compute(&w).unwrap().key(), low.key());
+        }
+        let y = for_compute(&x).unwrap().conv2d(&low, None, p).unwrap();
+        let out = y.cast(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        y.mul(&y)
+            .unwrap()
+            .sum(&[], false)
+            .unwrap()
+            .backward()
+            .unwrap();
+        let grad = w.grad().expect("the master weight has a gradient");
+        assert!(grad.layout().is_contiguous(), "{:?}", grad.layout());
+        (out, grad.to_vec::<f32>().unwrap())
+    };
+    assert_eq!(run(true), run(false));
+    // Outside a scope, nothing changes; a tensor that is not 4-d is cast as for_compute does.
+    let w = master();
+    assert_eq!(for_compute_channels_last(&w).unwrap().key(), w.key());
+    let _scope = autocast(DType::F16).unwrap();
+    let v = weight(&device);
+    assert!(for_compute_channels_last(&v)
+        .unwrap()
+        .layout()
+        .is_contiguous());
 }
 
 fn scaler(device: &Device, init: f64, growth_interval: u64) -> GradScaler {

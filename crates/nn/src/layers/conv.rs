@@ -1,6 +1,6 @@
 //! `nn.Conv2d` (weights OIHW, optional bias).
 
-use redline_amp::for_compute;
+use redline_amp::{for_compute, for_compute_channels_last};
 use redline_tensor::{Conv2dParams, Result, Tensor, TensorError};
 
 use crate::init::Init;
@@ -54,9 +54,14 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // Under autocast, input and weight (cached per scope) run in f16/bf16.
+        // Under autocast, input and weight (cached per scope) run in f16/bf16; beside a
+        // channels-last input the weight's copy is channels-last too (one layout for cuDNN).
         let bias = self.bias.as_ref().map(for_compute).transpose()?;
-        for_compute(x)?.conv2d(&for_compute(&self.weight)?, bias.as_ref(), self.params)
+        let weight = match x.is_channels_last() {
+            true => for_compute_channels_last(&self.weight)?,
+            false => for_compute(&self.weight)?,
+        };
+        for_compute(x)?.conv2d(&weight, bias.as_ref(), self.params)
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, Kind)) {

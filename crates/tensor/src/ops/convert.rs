@@ -34,6 +34,17 @@ impl Tensor {
         self.convert(self.dtype(), layout)
     }
 
+    /// The values in `dtype`, stored channels-last, in one copy (autocast's low-precision conv
+    /// weight beside channels-last activations: cuDNN's NHWC kernels take KRSC filters, and
+    /// PyTorch's channels-last models carry their weights so).
+    pub fn cast_channels_last(&self, dtype: DType) -> Result<Tensor> {
+        let layout = Layout::channels_last(self.shape())?;
+        if self.dtype() == dtype && self.layout() == &layout {
+            return Ok(self.clone());
+        }
+        self.convert(dtype, layout)
+    }
+
     /// Whether the tensor is stored channels-last.
     pub fn is_channels_last(&self) -> bool {
         Layout::channels_last(self.shape()).is_ok_and(|l| self.layout().strides() == l.strides())
