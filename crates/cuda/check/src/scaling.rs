@@ -340,10 +340,15 @@ pub fn stage(o: &ScaleOptions) -> Result<Value, String> {
             ));
         }
     }
-    let one = job(o, 1)?;
+    // A job that failed while replaying graphs may still be measured eagerly.
+    let hint = |e: String| match o.rank.eager {
+        true => e,
+        false => format!("{e} (--scale-eager measures eager steps on both sides)"),
+    };
+    let one = job(o, 1).map_err(hint)?;
     let one_ips = job_img_per_s(&one)?;
     eprintln!("gpu-check: scaling: 1 process {one_ips:.0} img/s");
-    let many = job(o, o.nproc)?;
+    let many = job(o, o.nproc).map_err(hint)?;
     let many_ips = job_img_per_s(&many)?;
     let efficiency = many_ips / (o.nproc as f64 * one_ips);
     eprintln!(

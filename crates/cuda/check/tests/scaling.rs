@@ -95,6 +95,15 @@ fn a_rank_that_fails_stops_the_job_and_is_named() {
     let err = job(&options, 2).unwrap_err();
     assert!(err.starts_with("rank "), "{err}");
     assert!(err.contains("resnet-nonesuch"), "{err}");
+    // The stage's error points at eager steps when the ranks were replaying graphs.
+    let err = stage(&options).unwrap_err();
+    assert!(
+        err.contains("rank 0") && err.contains("--scale-eager"),
+        "{err}"
+    );
+    options.rank.eager = true;
+    let err = stage(&options).unwrap_err();
+    assert!(!err.contains("--scale-eager"), "{err}");
 }
 
 #[test]
