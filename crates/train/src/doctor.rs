@@ -20,6 +20,8 @@ use std::fmt;
 
 use serde_json::{json, Value};
 
+mod gpu_check;
+
 pub const DATA_STALL: f64 = 0.02;
 pub const HOST_BOUND: f64 = 0.5;
 pub const BUSY: f64 = 0.85;
@@ -258,8 +260,11 @@ fn pct(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
 }
 
-/// Judges `report` (a bench-imagenet or redline-train JSON).
+/// Judges `report` (a bench-imagenet, redline-train or redline-gpu-check JSON).
 pub fn diagnose(report: &Value) -> Result<Diagnosis, NotAReport> {
+    if let Some(stages) = report.get("stages").and_then(Value::as_array) {
+        return gpu_check::diagnose(report, stages);
+    }
     let steps = steps_of(report)?;
     let field = |v: &Value, key: &str| num(v, key).or_else(|| num(report, key));
     let step_ms = (field(steps, "step_mean_ms").or_else(|| field(steps, "step_p50_ms")))
@@ -316,19 +321,25 @@ fn allocations_per_step(steps: &Value, report: &Value) -> Option<f64> {
     Some(num(m, "device_allocations_measured")? / num(m, "steps")?.max(1.0))
 }
 
-fn verdict(d: &Diagnosis, e: &Evidence, report: &Value) -> String {
+/// The reasons that hold, the largest first, and the first one's fix (`None`: none holds).
+fn holding_verdict(d: &Diagnosis) -> Option<String> {
     let holding = d.holding();
-    if let Some(first) = holding.first() {
-        let names: Vec<&str> = holding.iter().map(|f| f.bottleneck.name()).collect();
-        return format!(
-            "{} ({}); fix it first: {}",
-            names.join(", then "),
-            first.share.map_or_else(
-                || "share not measured".into(),
-                |s| { format!("{} of the step", pct(s)) }
-            ),
-            first.fix
-        );
+    let first = holding.first()?;
+    let names: Vec<&str> = holding.iter().map(|f| f.bottleneck.name()).collect();
+    Some(format!(
+        "{} ({}); fix it first: {}",
+        names.join(", then "),
+        first.share.map_or_else(
+            || "share not measured".into(),
+            |s| { format!("{} of the step", pct(s)) }
+        ),
+        first.fix
+    ))
+}
+
+fn verdict(d: &Diagnosis, e: &Evidence, report: &Value) -> String {
+    if let Some(v) = holding_verdict(d) {
+        return v;
     }
     let unmeasured = (d.findings.iter()).any(|f| f.status == Status::NotMeasured);
     let busy = (e.ops.as_ref())
@@ -362,16 +373,21 @@ fn data(e: &Evidence, report: &Value) -> Finding {
         workers.map_or_else(|| "?".into(), |w| format!("{w}")),
         decoder.as_deref().unwrap_or("?"),
     );
-    let holds = e.stall > DATA_STALL;
+    data_finding(e.stall > DATA_STALL, e.stall, evidence, decoder.as_deref())
+}
+
+/// The data finding: the loader's fixes when it `holds` (libjpeg-turbo's where `decoder` is
+/// another).
+fn data_finding(holds: bool, stall: f64, evidence: String, decoder: Option<&str>) -> Finding {
     let mut fixes = vec!["more loader workers (the loader scales with cores)".to_string()];
-    if decoder.as_deref().is_some_and(|d| !d.contains("turbo")) {
+    if decoder.is_some_and(|d| !d.contains("turbo")) {
         fixes.push("libjpeg-turbo's DCT-scaled decodes (build with cmake and nasm present)".into());
     }
     fixes.push("a lower training resolution or smaller stored images (shards at ~256 px)".into());
     Finding {
         bottleneck: Bottleneck::Data,
         status: if holds { Status::Holds } else { Status::Clear },
-        share: Some(e.stall),
+        share: Some(stall),
         evidence,
         fix: if holds {
             fixes.join("; ")

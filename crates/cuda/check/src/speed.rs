@@ -542,6 +542,20 @@ mod emulated {
             "{report}"
         );
         assert_eq!(memory["device_allocations_measured"], 0, "{report}");
+        // The doctor reads the stage as the check's JSON holds it (its field names).
+        let doc = json!({"commit": "test", "gpu": {"name": "cuda-emulator"},
+                         "stages": [{"name": "speed", "passed": true, "detail": report.clone()}]});
+        let d = redline_train::doctor::diagnose(&doc).unwrap_or_else(|e| panic!("{e}: {report}"));
+        assert!(
+            d.subject
+                .contains("resnet18 at 16px, batch 2, bf16 on cuda-emulator"),
+            "{d}"
+        );
+        let launches = d.finding(redline_train::doctor::Bottleneck::Launches);
+        assert!(
+            launches.evidence.contains("replayed as one CUDA graph"),
+            "{d}"
+        );
         assert!(report["pytorch"]["not_run"].is_string(), "{report}");
         assert!(
             report.get("share_of_peak").is_none(),

@@ -1,0 +1,320 @@
+//! The doctor on a `redline-gpu-check` JSON: the one report a GPU machine without cargo gives.
+//! Its speed stage measured our ResNet step fed from memory (busy fraction from CUDA events,
+//! the host's time inside `train_step`, kernels per step from the replayed graph) and again
+//! fed by the loader (its share of the memory-fed speed, the data stall); its training stage
+//! counted a steady step's synchronisations and downloads. It times no op by op, so slow
+//! memory access is "not measured" here.
+
+use serde_json::Value;
+
+use super::{
+    data_finding, holding_verdict, not_measured, num, pct, text, Bottleneck, Diagnosis, Finding,
+    NotAReport, Status, BUSY, DATA_STALL, HOST_BOUND,
+};
+
+/// The loader-fed run's speed, as a share of the memory-fed run's, below which the loader
+/// counts as holding the GPU back (issue 18's goal: within 5%).
+pub const FED_SHARE: f64 = 0.95;
+
+/// Judges a gpu-check report from its `stages`.
+pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAReport> {
+    let passed = |name: &str| {
+        (stages.iter())
+            .find(|s| s["name"] == name && s["passed"] == true)
+            .map(|s| &s["detail"])
+    };
+    let speed = passed("speed").ok_or_else(|| {
+        NotAReport(
+            "a gpu-check report without a passed speed stage (it needs a GPU and --speed-steps \
+             above 0): nothing measured to judge"
+                .into(),
+        )
+    })?;
+    let ours = &speed["redline"];
+    let (Some(seconds), Some(steps)) = (num(ours, "seconds"), num(ours, "steps")) else {
+        return Err(NotAReport("the speed stage has no timed steps".into()));
+    };
+    let step_ms = 1e3 * seconds / steps.max(1.0);
+    let busy = num(ours, "busy_fraction");
+    let findings = vec![
+        data(speed),
+        launches(ours, busy),
+        not_measured(
+            Bottleneck::MemoryAccess,
+            "gpu-check times no op by op: `cargo xtask bench imagenet --profile-ops` on a GPU \
+             machine with cargo gives each memory-bound op's device time and bandwidth",
+        ),
+        synchronisation(passed("training"), busy),
+    ];
+    let subject = format!(
+        "{} at {}px, batch {}, {} on {} (redline-gpu-check at commit {}): {:.0} img/s fed from \
+         memory, {step_ms:.1} ms a step",
+        text(speed, "model").unwrap_or_else(|| "a model".into()),
+        num(speed, "res").unwrap_or(f64::NAN),
+        num(speed, "batch").unwrap_or(f64::NAN),
+        text(speed, "precision").unwrap_or_else(|| "?".into()),
+        doc["gpu"]["name"].as_str().unwrap_or("a GPU"),
+        text(doc, "commit").unwrap_or_else(|| "?".into()),
+        num(ours, "img_per_s").unwrap_or(f64::NAN),
+    );
+    let mut diagnosis = Diagnosis {
+        subject,
+        findings,
+        verdict: String::new(),
+    };
+    diagnosis.verdict = holding_verdict(&diagnosis).unwrap_or_else(|| clear_verdict(speed, busy));
+    Ok(diagnosis)
+}
+
+/// None holds: how busy the device is, how fast, and against PyTorch where it ran.
+fn clear_verdict(speed: &Value, busy: Option<f64>) -> String {
+    let ours = &speed["redline"];
+    let mut v = match busy {
+        Some(b) => format!(
+            "none of the measured reasons holds: the device is busy {}",
+            pct(b)
+        ),
+        None => "none of the measured reasons holds".into(),
+    };
+    if let Some(t) = num(ours, "achieved_tflops") {
+        v += &format!(" at {t:.1} TFLOP/s");
+        if let Some(share) = num(speed, "share_of_peak") {
+            v += &format!(" ({} of the card's tensor peak)", pct(share));
+        }
+    }
+    if let Some(r) = num(speed, "ratio_vs_eager") {
+        v += &format!(", {r:.2}× PyTorch eager");
+    }
+    v + " — the kernels themselves are what is left to speed up"
+}
+
+/// The loader-fed run against the memory-fed one.
+fn data(speed: &Value) -> Finding {
+    let Some(fed) = speed.get("redline_loader_fed").filter(|f| f.is_object()) else {
+        return not_measured(
+            Bottleneck::Data,
+            "the speed stage ran without the loader-fed run: nothing says whether the loader \
+             keeps up",
+        );
+    };
+    let stall = num(fed, "data_stall").unwrap_or(f64::NAN);
+    let share = num(speed, "loader_fed_share_of_memory_fed").unwrap_or(f64::NAN);
+    let evidence = format!(
+        "fed by the loader from JPEG shards on {} threads: {:.0} img/s, {} of the memory-fed \
+         run's (goal ≥ {}); the step waited for data {} of the time",
+        num(fed, "loader_workers").map_or_else(|| "?".into(), |w| format!("{w}")),
+        num(fed, "img_per_s").unwrap_or(f64::NAN),
+        pct(share),
+        pct(FED_SHARE),
+        pct(stall),
+    );
+    // A NaN (a figure missing) compares false: not held on no evidence.
+    let holds = stall > DATA_STALL || share < FED_SHARE;
+    data_finding(holds, stall.max(1.0 - share), evidence, None)
+}
+
+/// The host's time per step against the device's busy fraction.
+fn launches(ours: &Value, busy: Option<f64>) -> Finding {
+    let b = Bottleneck::Launches;
+    let (Some(busy), Some(host_share)) = (busy, num(ours, "host_share_of_wall")) else {
+        return not_measured(
+            b,
+            "the speed stage has no device timestamps (busy fraction)",
+        );
+    };
+    let graph = &ours["graph"];
+    let kernels = num(graph, "kernels_per_step").unwrap_or(0.0);
+    let replayed = num(graph, "replays").is_some_and(|r| r > 0.0);
+    let how = match replayed {
+        true => format!("{kernels:.0} kernels a step, replayed as one CUDA graph"),
+        false => format!(
+            "every step issued eagerly ({})",
+            text(graph, "eager_reason").unwrap_or_else(|| "no graph".into())
+        ),
+    };
+    let evidence = format!(
+        "{how}; the host spent {:.1} ms a step inside train_step ({} of the wall time); device \
+         busy {}",
+        num(ours, "host_ms_per_step").unwrap_or(f64::NAN),
+        pct(host_share),
+        pct(busy.min(1.0)),
+    );
+    let holds = host_share >= HOST_BOUND && busy < BUSY;
+    let fix = match (holds, replayed) {
+        (false, _) => String::new(),
+        (true, false) => "replay the step as a captured CUDA graph (`redline-gpu-check --graph`, \
+                          `Trainer::with_graph`): one launch a step"
+            .into(),
+        (true, true) => format!(
+            "the step is one graph launch of {kernels:.0} kernels, so the host's time is the \
+             batch's copy or a wait: see the synchronisation finding; fuse short kernels to \
+             shrink the graph"
+        ),
+    };
+    Finding {
+        bottleneck: b,
+        status: if holds { Status::Holds } else { Status::Clear },
+        share: Some(host_share.min(1.0)),
+        evidence,
+        fix,
+    }
+}
+
+/// The training stage's counted steady step: synchronisations, and downloads besides the one
+/// loss read-back the check itself makes.
+fn synchronisation(training: Option<&Value>, busy: Option<f64>) -> Finding {
+    let b = Bottleneck::Synchronisation;
+    let Some(steady) = training
+        .map(|t| &t["steady_state_step"])
+        .filter(|s| s.is_object())
+    else {
+        return not_measured(
+            b,
+            "the training stage did not run (`--steps 0`): no steady step was counted",
+        );
+    };
+    let syncs = num(steady, "synchronizations").unwrap_or(0.0);
+    let downloads = (num(steady, "downloads").unwrap_or(0.0) - 1.0).max(0.0);
+    let waits = syncs + downloads;
+    let holds = waits > 0.0 && busy.is_none_or(|b| b < BUSY);
+    let evidence = format!(
+        "a steady training step made {syncs:.0} device synchronisations and {downloads:.0} \
+         downloads besides the check's own loss read-back; device busy {}",
+        busy.map_or_else(|| "not measured".into(), |b| pct(b.min(1.0)))
+    );
+    Finding {
+        bottleneck: b,
+        status: if holds { Status::Holds } else { Status::Clear },
+        share: None,
+        evidence,
+        fix: match holds {
+            true => "a step waits for the device: read values a few steps late \
+                     (`to_vec_async`), and drop explicit synchronisations from the step"
+                .into(),
+            false => String::new(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A gpu-check report: the speed stage's figures, a loader-fed run, a counted steady step.
+    fn report(busy: f64, host_share: f64, replays: u64, fed_share: f64, syncs: u64) -> Value {
+        json!({
+            "commit": "abc1234",
+            "gpu": {"name": "NVIDIA H200"},
+            "stages": [
+                {"name": "device", "passed": true, "detail": {}},
+                {"name": "training", "passed": true, "detail": {
+                    "steady_state_step": {"uploads": 2, "downloads": 1, "synchronizations": syncs},
+                }},
+                {"name": "speed", "passed": true, "detail": {
+                    "model": "resnet50", "res": 224, "batch": 256, "precision": "bf16",
+                    "share_of_peak": 0.31, "ratio_vs_eager": 1.12,
+                    "loader_fed_share_of_memory_fed": fed_share,
+                    "redline_loader_fed": {"img_per_s": 3000.0 * fed_share, "data_stall": 0.01,
+                                           "loader_workers": 16},
+                    "redline": {
+                        "img_per_s": 3000.0, "seconds": 1.7, "steps": 20,
+                        "busy_fraction": busy, "host_share_of_wall": host_share,
+                        "host_ms_per_step": 85.0 * host_share, "achieved_tflops": 305.0,
+                        "graph": {"kernels_per_step": 820, "replays": replays,
+                                  "eager_reason": if replays == 0 { json!("no capture") } else { json!(null) }},
+                    },
+                }},
+            ],
+        })
+    }
+
+    fn holding(d: &Diagnosis) -> Vec<Bottleneck> {
+        d.holding().iter().map(|f| f.bottleneck).collect()
+    }
+
+    #[test]
+    fn a_busy_gpu_fed_as_fast_by_the_loader_holds_nothing_and_says_how_fast() {
+        let d = super::super::diagnose(&report(0.97, 0.9, 22, 0.99, 0)).unwrap();
+        assert!(holding(&d).is_empty(), "{d}");
+        assert!(d
+            .subject
+            .contains("resnet50 at 224px, batch 256, bf16 on NVIDIA H200"));
+        assert!(d.subject.contains("abc1234") && d.subject.contains("3000 img/s"));
+        assert!(d.verdict.contains("busy 97.0%") && d.verdict.contains("305.0 TFLOP/s"));
+        assert!(
+            d.verdict.contains("31.0% of the card's tensor peak") && d.verdict.contains("1.12×")
+        );
+        // What gpu-check cannot say is said to be unmeasured, with where to measure it.
+        let memory = d.finding(Bottleneck::MemoryAccess);
+        assert_eq!(memory.status, Status::NotMeasured);
+        assert!(memory.evidence.contains("--profile-ops"));
+    }
+
+    #[test]
+    fn a_loader_that_falls_behind_the_memory_fed_run_is_named() {
+        let d = super::super::diagnose(&report(0.97, 0.9, 22, 0.80, 0)).unwrap();
+        assert_eq!(holding(&d), [Bottleneck::Data]);
+        let f = d.finding(Bottleneck::Data);
+        assert!(
+            f.evidence.contains("80.0% of the memory-fed run's"),
+            "{}",
+            f.evidence
+        );
+        assert!(f.evidence.contains("16 threads"), "{}", f.evidence);
+        assert!(f.fix.contains("more loader workers"), "{}", f.fix);
+    }
+
+    #[test]
+    fn a_host_bound_eager_step_asks_for_a_graph_and_a_graphed_one_for_the_waits() {
+        let d = super::super::diagnose(&report(0.4, 0.95, 0, 0.99, 0)).unwrap();
+        assert_eq!(holding(&d), [Bottleneck::Launches]);
+        let f = d.finding(Bottleneck::Launches);
+        assert!(
+            f.evidence.contains("issued eagerly (no capture)"),
+            "{}",
+            f.evidence
+        );
+        assert!(f.fix.contains("captured CUDA graph"), "{}", f.fix);
+        let d = super::super::diagnose(&report(0.4, 0.95, 22, 0.99, 0)).unwrap();
+        let f = d.finding(Bottleneck::Launches);
+        assert!(
+            f.evidence.contains("820 kernels a step, replayed"),
+            "{}",
+            f.evidence
+        );
+        assert!(f.fix.contains("synchronisation finding"), "{}", f.fix);
+    }
+
+    #[test]
+    fn a_steady_step_that_synchronises_while_the_gpu_idles_is_named() {
+        let d = super::super::diagnose(&report(0.6, 0.3, 22, 0.99, 2)).unwrap();
+        assert_eq!(holding(&d), [Bottleneck::Synchronisation]);
+        let f = d.finding(Bottleneck::Synchronisation);
+        assert!(
+            f.evidence.contains("2 device synchronisations"),
+            "{}",
+            f.evidence
+        );
+        assert!(d.verdict.starts_with("synchronisation"), "{}", d.verdict);
+    }
+
+    #[test]
+    fn a_report_without_a_passed_speed_stage_is_refused_naming_why() {
+        let mut r = report(0.9, 0.5, 22, 0.99, 0);
+        r["stages"][2]["passed"] = json!(false);
+        let e = super::super::diagnose(&r).unwrap_err();
+        assert!(
+            e.to_string().contains("without a passed speed stage"),
+            "{e}"
+        );
+        // Without the training stage or the loader-fed run, those reasons are unmeasured.
+        let mut r = report(0.9, 0.5, 22, 0.99, 0);
+        r["stages"][1]["passed"] = json!(false);
+        r["stages"][2]["detail"]["redline_loader_fed"] = json!(null);
+        let d = super::super::diagnose(&r).unwrap();
+        for b in [Bottleneck::Data, Bottleneck::Synchronisation] {
+            assert_eq!(d.finding(b).status, Status::NotMeasured, "{d}");
+        }
+    }
+}
