@@ -27,7 +27,8 @@ pub struct TrainArgs {
     batch: usize,
     #[arg(long, default_value_t = 8)]
     epochs: usize,
-    /// Peak learning rate of the one-cycle schedule (default 0.2 × batch/64).
+    /// Peak learning rate of the one-cycle schedule (default 0.2 × batch × processes ×
+    /// accumulate / 64).
     #[arg(long)]
     lr: Option<f64>,
     /// fp32, fp16 or bf16 (default: fp16 on a GPU, fp32 on the CPU).

@@ -71,7 +71,8 @@ struct Cli {
     batch: usize,
     #[arg(long, default_value_t = 8)]
     epochs: usize,
-    /// Peak learning rate of the one-cycle schedule [default: 0.2 × batch / 64].
+    /// Peak learning rate of the one-cycle schedule [default: 0.2 × the images a step sees
+    /// (batch × processes × --accumulate) / 64].
     #[arg(long)]
     lr: Option<f64>,
     /// Weight decay (weights only).
@@ -149,7 +150,8 @@ fn run() -> Res<()> {
     let model_name = cli.model;
     let (res, batch, epochs, wd, seed) = (cli.res, cli.batch, cli.epochs, cli.wd, cli.seed);
     let min_res = cli.min_res.unwrap_or(res);
-    let lr = cli.lr.unwrap_or(0.2 * (batch * world) as f64 / 64.0);
+    // Scaled with the images an optimizer step sees: every rank's batches, accumulated.
+    let lr = (cli.lr).unwrap_or(0.2 * (batch * world * cli.accumulate.max(1)) as f64 / 64.0);
     let workers = cli
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
