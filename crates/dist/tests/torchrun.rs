@@ -1,7 +1,7 @@
 //! The torchrun suite: a real `torchrun` (PyTorch's elastic launcher) starts the `allreduce`
-//! example on 2 and 3 processes; they join the TCPStore its agent serves on MASTER_PORT
-//! (`TORCHELASTIC_USE_AGENT_STORE=True`) as clients, and all-reduce, broadcast and average a
-//! gradient correctly. `cargo xtask test` runs it when PyTorch is installed (the `torchrun`
+//! example on 2 and 3 processes, and on two agents standing for two nodes; they join the
+//! TCPStore its agent serves on MASTER_PORT (`TORCHELASTIC_USE_AGENT_STORE=True`) as clients,
+//! and all-reduce, broadcast and average a gradient correctly. `cargo xtask test` runs it when PyTorch is installed (the `torchrun`
 //! suite; `pip install torch`) and reports it skipped otherwise; `REDLINE_HARDWARE_REQUIRED=1`
 //! (CI) makes a missing PyTorch a failure.
 
@@ -36,6 +36,32 @@ fn torch_or_skip() -> bool {
     found
 }
 
+/// An empty folder for the ranks' lines, named for this run.
+fn fresh_dir(name: &str) -> PathBuf {
+    let out = std::env::temp_dir().join(format!("redline-torchrun-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    out
+}
+
+/// Every rank of `world` wrote the line of a right all-reduce, broadcast and average, with its
+/// local rank (torchrun numbers a node's ranks consecutively: rank mod processes per node).
+fn check_ranks(out: &std::path::Path, world: usize, per_node: usize, what: &str) {
+    let sum = (1..=world).sum::<usize>();
+    let mean = sum as f64 / world as f64;
+    for rank in 0..world {
+        let line = std::fs::read_to_string(out.join(format!("rank{rank}.txt")))
+            .unwrap_or_else(|e| panic!("{what}: rank {rank} of {world} wrote nothing: {e}"));
+        println!("{what}: {line}");
+        let expected = format!(
+            "rank {rank} of {world} (local {}, agent store true): all-reduce sum {sum}, \
+             broadcast 7, averaged gradient {mean}",
+            rank % per_node
+        );
+        assert_eq!(line, expected, "{what}");
+    }
+}
+
 #[test]
 #[ignore = "the torchrun suite: needs PyTorch (cargo xtask test runs it when installed)"]
 fn torchrun_starts_ranks_that_meet_in_its_agent_store() {
@@ -45,10 +71,7 @@ fn torchrun_starts_ranks_that_meet_in_its_agent_store() {
     let example = example();
     assert!(example.is_file(), "{} was not built", example.display());
     for world in [2, 3] {
-        let out =
-            std::env::temp_dir().join(format!("redline-torchrun-{}-{world}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::create_dir_all(&out).unwrap();
+        let out = fresh_dir(&world.to_string());
         let status = Command::new("python3")
             .args([
                 "-m",
@@ -68,18 +91,67 @@ fn torchrun_starts_ranks_that_meet_in_its_agent_store() {
             status.success(),
             "torchrun with {world} processes: {status}"
         );
-        let sum = (1..=world).sum::<usize>();
-        let mean = sum as f64 / world as f64;
-        for rank in 0..world {
-            let line = std::fs::read_to_string(out.join(format!("rank{rank}.txt")))
-                .unwrap_or_else(|e| panic!("rank {rank} of {world} wrote nothing: {e}"));
-            println!("{line}");
-            let expected = format!(
-                "rank {rank} of {world} (local {rank}, agent store true): all-reduce sum {sum}, \
-                 broadcast 7, averaged gradient {mean}"
+        check_ranks(&out, world, world, &format!("{world} processes"));
+    }
+}
+
+/// A port nothing listens on now (the tiny race with another program is acceptable in a
+/// test): a multi-node launch names its master's port up front.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// Two torchrun agents on this machine stand for two nodes of 2 GPUs each, as on a cluster:
+/// with the static rendezvous (`--node-rank`, `--master-addr`: node 0's agent serves the store,
+/// node 1's joins it) and with the c10d rendezvous Slurm and Kubernetes jobs use
+/// (`--rdzv-endpoint`, no node rank). Every rank meets the other node's in the one store, knows
+/// its global rank apart from its local one (which picks its GPU), and all-reduces right.
+#[test]
+#[ignore = "the torchrun suite: needs PyTorch (cargo xtask test runs it when installed)"]
+fn torchrun_on_two_nodes_gives_every_rank_its_global_and_local_rank() {
+    if !torch_or_skip() {
+        return;
+    }
+    let example = example();
+    assert!(example.is_file(), "{} was not built", example.display());
+    let (nodes, per_node) = (2, 2);
+    let world = nodes * per_node;
+    for rendezvous in ["static", "c10d"] {
+        let out = fresh_dir(&format!("nodes-{rendezvous}"));
+        let port = free_port();
+        let agents: Vec<_> = (0..nodes)
+            .map(|node| {
+                let mut cmd = Command::new("python3");
+                cmd.args(["-m", "torch.distributed.run"])
+                    .arg(format!("--nnodes={nodes}"))
+                    .arg(format!("--nproc-per-node={per_node}"));
+                match rendezvous {
+                    "static" => cmd
+                        .arg(format!("--node-rank={node}"))
+                        .arg("--master-addr=127.0.0.1")
+                        .arg(format!("--master-port={port}")),
+                    _ => cmd
+                        .arg("--rdzv-backend=c10d")
+                        .arg(format!("--rdzv-endpoint=127.0.0.1:{port}"))
+                        .arg("--rdzv-id=redline-two-nodes"),
+                };
+                cmd.arg("--no-python")
+                    .arg(&example)
+                    .env("REDLINE_EXAMPLE_OUT", &out)
+                    .env("REDLINE_DIST_TIMEOUT", "60")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for (node, mut agent) in agents.into_iter().enumerate() {
+            let status = agent.wait().unwrap();
+            assert!(
+                status.success(),
+                "{rendezvous} rendezvous, node {node} of {nodes}: {status}"
             );
-            assert_eq!(line, expected);
         }
+        check_ranks(&out, world, per_node, &format!("{rendezvous} rendezvous"));
     }
 }
 
