@@ -344,7 +344,7 @@ impl Backend for CpuBackend {
         x: View<'_>,
         g: View<'_>,
         p: &Conv2dParams,
-        weight_shape: &[usize],
+        out: &Layout,
     ) -> Result<Storage> {
         let (dx, dg) = (
             self.buffer(x.storage)?.read(),
@@ -357,7 +357,7 @@ impl Backend for CpuBackend {
             &dg,
             g.layout,
             p,
-            weight_shape,
+            out,
         )))
     }
 

@@ -118,6 +118,13 @@ fn cross_entropy_without_ignore_index_keeps_every_sample() {
 }
 
 #[test]
+fn conv_weight_grad_in_the_weights_order() {
+    use redline_testkit::conformance::conv_weight_grad_in_the_weights_order as check;
+    check(&CpuBackend::device()).unwrap();
+    check(&Device::reference()).unwrap();
+}
+
+#[test]
 fn convolutions_over_several_tiles_and_threads() {
     let p3 = Conv2dParams {
         padding: [1, 1],

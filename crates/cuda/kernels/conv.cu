@@ -61,14 +61,14 @@ __global__ void conv2d_input_grad(const T *__restrict__ gy, Strided gs, const T 
     }
 }
 
-/// gw[o, ic, ky, kx] = Σ over the batch and the output positions of g · x; gw is contiguous
-/// with the shape in `wshape` (its strides are not read).
+/// gw[o, ic, ky, kx] = Σ over the batch and the output positions of g · x, written in the
+/// layout `ws` (OIHW or channels-last, the weight's own order).
 template <class T>
 __global__ void conv2d_weight_grad(const T *__restrict__ x, Strided xs, const T *__restrict__ gy, Strided gs,
-                                   T *__restrict__ out, Strided wshape, i64 n, ConvGeometry g) {
+                                   T *__restrict__ out, Strided ws, i64 n, ConvGeometry g) {
     typedef typename Num<T>::acc A;
     const i64 N = xs.shape[0], H = xs.shape[2], W = xs.shape[3];
-    const i64 O = wshape.shape[0], CG = wshape.shape[1], KH = wshape.shape[2], KW = wshape.shape[3];
+    const i64 O = ws.shape[0], CG = ws.shape[1], KH = ws.shape[2], KW = ws.shape[3];
     const i64 HO = gs.shape[2], WO = gs.shape[3], OG = O / g.groups;
     for (i64 i = first_index(); i < n; i += grid_step()) {
         const i64 kx = i % KW, ky = (i / KW) % KH, ic = (i / (KW * KH)) % CG, o = i / (KW * KH * CG);
@@ -84,6 +84,6 @@ __global__ void conv2d_weight_grad(const T *__restrict__ x, Strided xs, const T 
                     acc += (A)Num<T>::load(at4(gy, gs, b, o, oy, ox)) * (A)Num<T>::load(at4(x, xs, b, c, iy, ix));
                 }
             }
-        out[i] = Num<T>::store(acc);
+        out[position(ws, i)] = Num<T>::store(acc);
     }
 }

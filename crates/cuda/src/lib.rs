@@ -665,25 +665,25 @@ impl Backend for CudaBackend {
         x: View<'_>,
         g: View<'_>,
         p: &Conv2dParams,
-        weight_shape: &[usize],
+        out: &Layout,
     ) -> Result<Storage> {
         let _range = nvtx::range("conv2d_weight_grad");
-        let y = self.alloc(x.dtype(), weight_shape.iter().product())?;
-        let (xo, go) = (self.operand(x)?, self.operand(g)?);
-        let ptr = self.buffer(&y)?.ptr;
-        let (gpu, dense) = (&*self.gpu, Layout::contiguous(weight_shape));
-        let Some(pad) = ops::conv::ChannelPad::new(gpu, x.dtype(), x.layout, &dense, p) else {
-            ops::conv::weight_grad(gpu, &xo, &go, p, weight_shape, ptr)?;
+        let y = self.alloc_for(x.dtype(), out)?;
+        let (xo, go, yo) = (self.operand(x)?, self.operand(g)?, self.output(&y, out)?);
+        let gpu = &*self.gpu;
+        let Some(pad) = ops::conv::ChannelPad::new(gpu, x.dtype(), x.layout, out, p) else {
+            ops::conv::weight_grad(gpu, &xo, &go, p, &yo)?;
             return Ok(y);
         };
-        // The gradient of the padded weight, then its first 3 channels.
+        // The gradient of the padded weight (in the weight's order), then its first 3 channels.
         let xp = self.padded(&xo, &pad.input)?;
         let wide = self.alloc_for(x.dtype(), &pad.weight)?;
-        let wide_ptr = self.buffer(&wide)?.ptr;
-        let xpo = self.output(&xp, &pad.input)?;
-        ops::conv::weight_grad(gpu, &xpo, &go, p, pad.weight.shape(), wide_ptr)?;
-        let (wide, yo) = (self.output(&wide, &pad.weight)?, self.output(&y, &dense)?);
-        ops::conv::unpad_channels(gpu, &wide, &yo)?;
+        let (xpo, wide_out) = (
+            self.output(&xp, &pad.input)?,
+            self.output(&wide, &pad.weight)?,
+        );
+        ops::conv::weight_grad(gpu, &xpo, &go, p, &wide_out)?;
+        ops::conv::unpad_channels(gpu, &wide_out, &yo)?;
         Ok(y)
     }
 

@@ -766,6 +766,11 @@ fn random_stream_follows_its_device_offset() {
     redline_testkit::conformance::random_stream_follows_its_device_offset(&device());
 }
 
+#[test]
+fn conv_weight_grad_in_the_weights_order() {
+    redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&device()).unwrap();
+}
+
 /// An asynchronous download sees the ops enqueued before it, of strided views too.
 #[test]
 fn an_asynchronous_download_returns_what_a_synchronous_one_does() {

@@ -893,13 +893,15 @@ pub trait Backend: Send + Sync + fmt::Debug {
         out: &Layout,
     ) -> Result<Storage>;
 
-    /// The gradient of conv2d's weight (contiguous, shape `weight_shape`) from `x` and `g`.
+    /// The gradient of conv2d's weight from `x` and `g`, written in layout `out` (the weight's
+    /// shape; dense, OIHW or channels-last OHWI — the weight's own order, so that cuDNN's NHWC
+    /// kernels write their native KRSC filter gradient beside a channels-last weight).
     fn conv2d_weight_grad(
         &self,
         x: View<'_>,
         g: View<'_>,
         p: &Conv2dParams,
-        weight_shape: &[usize],
+        out: &Layout,
     ) -> Result<Storage>;
 
     /// Max pooling into layout `out`, plus (i64, also in layout `out`) the flat `h * W + w`

@@ -336,12 +336,12 @@ impl Backend for Reference {
         x: View<'_>,
         g: View<'_>,
         p: &Conv2dParams,
-        weight_shape: &[usize],
+        out: &Layout,
     ) -> Result<Storage> {
         let (xs, gs) = (self.gather(x)?, self.gather(g)?);
         let gw =
-            ops::conv::reference::conv2d_weight_grad(&xs, x.layout.shape(), &gs, weight_shape, p);
-        Ok(self.store(x.dtype(), gw))
+            ops::conv::reference::conv2d_weight_grad(&xs, x.layout.shape(), &gs, out.shape(), p);
+        Ok(self.produce(x.dtype(), out, |i| gw[i]))
     }
 
     fn max_pool2d(

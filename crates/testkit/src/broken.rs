@@ -196,9 +196,9 @@ impl Backend for Broken {
         x: View<'_>,
         g: View<'_>,
         p: &Conv2dParams,
-        shape: &[usize],
+        out: &Layout,
     ) -> Result<Storage> {
-        self.inner.conv2d_weight_grad(x, g, p, shape)
+        self.inner.conv2d_weight_grad(x, g, p, out)
     }
     fn max_pool2d(
         &self,

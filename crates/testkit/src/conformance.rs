@@ -456,3 +456,70 @@ pub fn cross_entropy_without_ignore_index_keeps_every_sample(device: &Device) {
         );
     }
 }
+
+/// A convolution's weight gradient comes back in the weight's own order: a channels-last
+/// weight's gradient is channels-last (what cuDNN's NHWC kernels write natively), an OIHW
+/// weight's is OIHW, and both match the reference — a backend that wrote OIHW into the
+/// channels-last storage would scramble it. Grouped, strided, padded, over channels-last and
+/// NCHW inputs, in every float dtype the device declares (cuDNN's KRSC filter gradient on a
+/// GPU, where `gpu-check` runs it).
+pub fn conv_weight_grad_in_the_weights_order(device: &Device) -> Result<(), String> {
+    use redline_tensor::{NnOp, Result};
+    let p = Conv2dParams {
+        stride: [2, 1],
+        padding: [1, 1],
+        groups: 2,
+        ..Conv2dParams::default()
+    };
+    let make = |d: &Device, dtype: DType, shape: &[usize], k: usize| -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let mut bytes = vec![0u8; n * dtype.size()];
+        for i in 0..n {
+            dtype.write(&mut bytes, i, ((i * k) % 13) as f64 / 8.0 - 0.75);
+        }
+        Tensor::from_bytes(bytes, dtype, shape, d)
+    };
+    let run = |d: &Device, dtype: DType, x_last: bool, w_last: bool| -> Result<(Vec<f64>, bool)> {
+        let mut x = make(d, dtype, &[2, 4, 7, 6], 5)?;
+        let mut w = make(d, dtype, &[6, 2, 3, 3], 7)?;
+        if x_last {
+            x = x.to_channels_last()?;
+        }
+        if w_last {
+            w = w.to_channels_last()?;
+        }
+        let w = w.with_requires_grad(true);
+        let y = x.conv2d(&w, None, p)?;
+        y.mul(&loss_weights(&y)?)?.sum(&[], false)?.backward()?;
+        let grad = w
+            .grad()
+            .ok_or_else(|| TensorError::Autograd("no weight gradient".into()))?;
+        Ok((grad.to_f64_vec()?, grad.is_channels_last()))
+    };
+    let reference = Device::reference();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        if !device
+            .backend()
+            .supports(Op::Nn(NnOp::Conv2dWeightGrad), dtype)
+        {
+            continue;
+        }
+        for (x_last, w_last) in [(true, true), (true, false), (false, true), (false, false)] {
+            let what = format!(
+                "{}: {dtype} conv, input {}, weight {}: weight gradient",
+                device.name(),
+                if x_last { "channels-last" } else { "NCHW" },
+                if w_last { "channels-last" } else { "OIHW" },
+            );
+            let (got, got_last) =
+                run(device, dtype, x_last, w_last).map_err(|e| format!("{what}: {e}"))?;
+            let (want, _) = run(&reference, dtype, x_last, w_last)
+                .map_err(|e| format!("{what} on the reference: {e}"))?;
+            if got_last != w_last {
+                return Err(format!("{what}: the gradient's layout is not the weight's"));
+            }
+            close(&got, &want, dtype, &what)?;
+        }
+    }
+    Ok(())
+}

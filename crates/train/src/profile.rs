@@ -701,10 +701,10 @@ impl Backend for OpProfile {
         x: View<'_>,
         g: View<'_>,
         p: &Conv2dParams,
-        weight_shape: &[usize],
+        out: &Layout,
     ) -> Result<Storage> {
-        let label = || conv_label("dw", x.layout.shape(), weight_shape, p);
-        let f = |b: &dyn Backend| b.conv2d_weight_grad(x, g, p, weight_shape);
+        let label = || conv_label("dw", x.layout.shape(), out.shape(), p);
+        let f = |b: &dyn Backend| b.conv2d_weight_grad(x, g, p, out);
         self.timed(Compute, label, 0, f)
     }
     fn max_pool2d(

@@ -77,3 +77,68 @@ fn a_resnet50_step_issues_six_launches_per_batch_norm_and_under_seven_hundred_in
     );
     eprintln!("clipping: {clip} launches");
 }
+
+/// A convolution's weight gradient comes back in the weight's own order, so neither a
+/// channels-last weight nor autocast's channels-last copy of an OIHW master pays an extra
+/// transposing copy: none for the first, and for the second only the cast back to f32 the
+/// master needs anyway (which writes it OIHW). The values match the OIHW weight's.
+#[test]
+fn a_channels_last_conv_weight_gets_its_gradient_in_its_own_order_with_no_extra_copy() {
+    use redline_tensor::{Conv2dParams, DType};
+    let cpu = Device::new(Arc::new(redline_cpu::CpuBackend::new()));
+    let (device, profile) = OpProfile::wrap(cpu, true);
+    let values = |n: usize, k: usize| -> Vec<f32> {
+        (0..n).map(|i| ((i * k) % 19) as f32 / 8.0 - 1.0).collect()
+    };
+    let bf16_last = |v: Vec<f32>, shape: &[usize]| {
+        Tensor::from_slice(&v, shape, &device)
+            .and_then(|t| t.cast(DType::BF16))
+            .and_then(|t| t.to_channels_last())
+            .unwrap()
+    };
+    let x = bf16_last(values(2 * 4 * 6 * 6, 5), &[2, 4, 6, 6]);
+    let r = bf16_last(values(2 * 8 * 6 * 6, 3), &[2, 8, 6, 6]);
+    let master = Tensor::from_slice(&values(8 * 4 * 3 * 3, 7), &[8, 4, 3, 3], &device).unwrap();
+    let p = Conv2dParams {
+        padding: [1, 1],
+        ..Conv2dParams::default()
+    };
+    // The backward's converts and the leaf's gradient.
+    let backward = |leaf: &Tensor, w: &Tensor| {
+        let loss = x.conv2d(w, None, p).unwrap().mul(&r).unwrap();
+        let loss = loss.sum(&[], false).unwrap();
+        profile.reset();
+        loss.backward().unwrap();
+        let converts: Vec<String> = profile
+            .rows()
+            .into_iter()
+            .filter(|row| row.label.starts_with("convert"))
+            .flat_map(|row| std::iter::repeat_n(row.label, row.calls as usize))
+            .collect();
+        let grad = leaf.grad().expect("the leaf has a gradient");
+        (converts, grad)
+    };
+    let leaf = |t: Tensor| t.detach().with_requires_grad(true);
+    let oihw = leaf(master.cast(DType::BF16).unwrap());
+    let (converts, want) = backward(&oihw, &oihw);
+    assert!(converts.is_empty(), "{converts:?}");
+    assert!(want.layout().is_contiguous());
+    let want = want.cast(DType::F32).unwrap().to_vec::<f32>().unwrap();
+
+    let last = leaf(master.cast_channels_last(DType::BF16).unwrap());
+    let (converts, grad) = backward(&last, &last);
+    assert!(converts.is_empty(), "a transposing copy: {converts:?}");
+    assert!(grad.is_channels_last(), "{:?}", grad.layout());
+    assert_eq!(
+        grad.cast(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+        want
+    );
+
+    // Autocast's case: the f32 OIHW master, its bf16 channels-last copy in the convolution.
+    let master = leaf(master);
+    let low = master.cast_channels_last(DType::BF16).unwrap();
+    let (converts, grad) = backward(&master, &low);
+    assert_eq!(converts, ["convert BF16->F32 [8, 4, 3, 3]"]);
+    assert!(grad.layout().is_contiguous(), "{:?}", grad.layout());
+    assert_eq!(grad.to_vec::<f32>().unwrap(), want);
+}

@@ -466,11 +466,11 @@ impl Backend for WgpuBackend {
         x: View<'_>,
         g: View<'_>,
         p: &Conv2dParams,
-        shape: &[usize],
+        out: &Layout,
     ) -> Result<Storage> {
         let buffer =
-            kernels::conv::weight_grad(&self.ctx, self.triple(x)?, self.triple(g)?, p, shape)?;
-        Ok(self.wrap(buffer, x.dtype(), shape.iter().product()))
+            kernels::conv::weight_grad(&self.ctx, self.triple(x)?, self.triple(g)?, p, out)?;
+        Ok(self.wrap(buffer, x.dtype(), out.numel()))
     }
 
     fn max_pool2d(

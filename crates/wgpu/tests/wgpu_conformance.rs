@@ -290,6 +290,13 @@ fn random_stream_follows_its_device_offset() {
 
 #[test]
 #[ignore = "hardware suite: cargo xtask test runs it"]
+fn conv_weight_grad_in_the_weights_order() {
+    let Some((device, _)) = device() else { return };
+    redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&device).unwrap();
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
 fn cross_entropy_without_ignore_index_keeps_every_sample() {
     let Some((device, _)) = device() else { return };
     redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(&device);

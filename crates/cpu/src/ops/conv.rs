@@ -416,10 +416,21 @@ fn nhwc<'a, C: Real>(src: &'a [C], l: &Layout) -> Dense<'a, C> {
 
 /// An NHWC result written in the caller's dense layout `out` (of the same logical shape).
 fn finish<C: Real>(dtype: redline_tensor::DType, values: Vec<C>, out: &Layout) -> Data {
-    let Ok(order) = Layout::channels_last(out.shape()) else {
-        return from_compute(dtype, values);
-    };
-    let converted = dense(&values, &order, out);
+    match Layout::channels_last(out.shape()) {
+        Ok(order) => written_in(dtype, values, &order, out),
+        Err(_) => from_compute(dtype, values),
+    }
+}
+
+/// `values`, dense in `order`, written in the caller's dense layout `out` (the same logical
+/// shape): handed on as they are when the two agree.
+fn written_in<C: Real>(
+    dtype: redline_tensor::DType,
+    values: Vec<C>,
+    order: &Layout,
+    out: &Layout,
+) -> Data {
+    let converted = dense(&values, order, out);
     if let Dense::Borrowed(_) = converted {
         drop(converted);
         return from_compute(dtype, values);
@@ -651,13 +662,15 @@ pub(crate) fn conv2d_weight_grad(
     gy: &Data,
     gl: &Layout,
     p: &Conv2dParams,
-    weight_shape: &[usize],
+    out: &Layout,
 ) -> Data {
     with_compute!(x.dtype(), C => {
-        let g = Geom::new(xl.shape(), weight_shape, gl.shape(), p);
+        let g = Geom::new(xl.shape(), out.shape(), gl.shape(), p);
         let (xs, gs) = (as_compute::<C>(x), as_compute::<C>(gy));
         let dw = weight_grad::<C>(cx, &g, &nhwc(&xs, xl), &nhwc(&gs, gl));
-        from_compute(x.dtype(), dw)
+        // Computed OIHW; a channels-last weight's gradient (autocast beside channels-last
+        // activations) is reordered in one pass over the weight, small beside the convolution.
+        written_in(x.dtype(), dw, &Layout::contiguous(out.shape()), out)
     })
 }
 

@@ -215,6 +215,9 @@ pub fn run(options: &Options) -> bool {
         let mut report = conformance(&device, options.cases, &Op::all())?;
         redline_testkit::events::check_events(&device)?;
         report["events"] = json!("downloads ordered after an event (copy stream): right");
+        redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&device)?;
+        report["conv_weight_grad_layouts"] =
+            json!("OIHW and channels-last (KRSC) weight gradients match the reference");
         Ok(report)
     });
     stage(&mut journal, 3, "amp", &mut || {
@@ -358,6 +361,7 @@ fn own_kernels(options: &Options) -> Result<Value, String> {
     };
     let own = Device::new(Arc::new(open(true, false)?));
     let conformance = conformance(&own, options.cases, &library_ops())?;
+    redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&own)?;
     let deterministic = open(false, true)?;
     let runs = [
         weight_grad_bits(&deterministic, options.emulate)?,
@@ -397,12 +401,13 @@ fn wgpu_on_nvidia(cases: u32) -> Result<Value, String> {
 }
 
 /// A bf16 3×3 convolution's weight gradient on fixed random inputs, as bytes (`small` for
-/// the emulator).
+/// the emulator): channels-last throughout, as autocast trains.
 fn weight_grad_bits(backend: &CudaBackend, small: bool) -> Result<Vec<u8>, String> {
     let err = |e: redline_tensor::TensorError| e.to_string();
     let (n, c, h, k) = if small { (2, 4, 5, 4) } else { (8, 64, 28, 64) };
     let x_layout = Layout::channels_last(&[n, c, h, h]).map_err(err)?;
     let g_layout = Layout::channels_last(&[n, k, h, h]).map_err(err)?;
+    let dw_layout = Layout::channels_last(&[k, c, 3, 3]).map_err(err)?;
     let x = backend
         .random_uniform(DType::BF16, n * c * h * h, 1, 0)
         .map_err(err)?;
@@ -424,10 +429,9 @@ fn weight_grad_bits(backend: &CudaBackend, small: bool) -> Result<Vec<u8>, Strin
                 layout: &g_layout,
             },
             &p,
-            &[k, c, 3, 3],
+            &dw_layout,
         )
         .map_err(err)?;
-    let dw_layout = Layout::contiguous(&[k, c, 3, 3]);
     backend
         .download(View {
             storage: &dw,

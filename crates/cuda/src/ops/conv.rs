@@ -178,21 +178,20 @@ pub fn input_grad(
     launch(gpu, "conv2d_input_grad", g, w, out.ptr, out.layout, p)
 }
 
-/// Into the contiguous `weight_shape` at `out`.
+/// Into `out`, the weight's shape in OIHW or channels-last (KRSC) order: cuDNN's two filter
+/// formats.
 pub fn weight_grad(
     gpu: &dyn Gpu,
     x: &Operand,
     g: &Operand,
     p: &Conv2dParams,
-    weight_shape: &[usize],
-    out: DevicePtr,
+    out: &Operand,
 ) -> Result<()> {
-    let layout = Layout::contiguous(weight_shape);
-    let roles = [(x.layout, x.ptr), (&layout, out), (g.layout, g.ptr)];
+    let roles = [(x.layout, x.ptr), (out.layout, out.ptr), (g.layout, g.ptr)];
     if library(gpu, Direction::WeightGrad, roles, x.dtype, p)? {
         return Ok(());
     }
-    launch(gpu, "conv2d_weight_grad", x, g, out, &layout, p)
+    launch(gpu, "conv2d_weight_grad", x, g, out.ptr, out.layout, p)
 }
 
 #[cfg(test)]

@@ -75,10 +75,17 @@ impl Tensor {
             let gw = if need_w {
                 x.device()
                     .check(Op::Nn(NnOp::Conv2dWeightGrad), x.dtype())?;
+                // In the weight's own order (PyTorch's rule): beside channels-last activations
+                // autocast's weight copy is channels-last, and cuDNN's NHWC kernels write a
+                // KRSC filter gradient natively; the cast back to the OIHW master reorders it
+                // in the copy it makes anyway.
+                let layout = match w.is_channels_last() {
+                    true => Layout::channels_last(w.shape())?,
+                    false => Layout::contiguous(w.shape()),
+                };
                 let gw = x
                     .backend()
-                    .conv2d_weight_grad(x.view(), g.view(), &p, w.shape())?;
-                let layout = Layout::contiguous(w.shape());
+                    .conv2d_weight_grad(x.view(), g.view(), &p, &layout)?;
                 Some(Tensor::from_storage(gw, layout, x.device().clone()))
             } else {
                 None

@@ -71,8 +71,18 @@ impl Tensor {
         if !(dtype.is_float() && self.dtype().is_float()) {
             return Ok(y);
         }
-        let from = self.dtype();
-        Ok(y.record("convert", &[self], move |g| Ok(vec![Some(g.cast(from)?)])))
+        // A cast's gradient is cast back in the same one copy into the source's own order: an
+        // OIHW master weight gets the gradient of its channels-last low-precision copy as OIHW
+        // (the layout its optimizer state has) with no second, transposing copy. A relayout in
+        // one dtype hands the gradient on as it is (the leaf's accumulation orders it if needed).
+        let (from, back) = (self.dtype(), self.layout().output_like());
+        Ok(y.record("convert", &[self], move |g| {
+            let gx = match g.dtype() == from {
+                true => g.clone(),
+                false => g.convert(from, back.clone())?,
+            };
+            Ok(vec![Some(gx)])
+        }))
     }
 
     /// Overwrites this tensor's elements with `src`'s (same shape and dtype), in place and off

@@ -209,20 +209,22 @@ fn store_c(z: u32, row: u32, col: u32, v: f32) {{
     )
 }
 
-/// The weight gradient (contiguous, `weight_shape`) from `x` and the output gradient `g`.
+/// The weight gradient from `x` and the output gradient `g`, written in layout `out` (the
+/// weight's shape).
 pub(crate) fn weight_grad(
     ctx: &Context,
     x: (&wgpu::Buffer, &Layout, DType),
     g: (&wgpu::Buffer, &Layout, DType),
     p: &Conv2dParams,
-    weight_shape: &[usize],
+    out: &Layout,
 ) -> Result<PooledBuffer> {
-    let (xs, ws) = (x.1.shape(), weight_shape);
+    let (xs, ws) = (x.1.shape(), out.shape());
     let hw = out_hw(xs, ws, p);
     let body = format!(
         r#"
 const G_LAYOUT: u32 = {L0}u;
 const X_LAYOUT: u32 = {L1}u;
+const OUT_LAYOUT: u32 = {L2}u;
 {INPUT_TAP}
 fn a_at(z: u32, row: u32, kk: u32) -> f32 {{
     let plane = geo(8u) * geo(9u);
@@ -237,14 +239,16 @@ fn b_at(z: u32, kk: u32, col: u32) -> f32 {{
     return input_at(kk / plane, z * geo(5u) + col / taps, q / geo(9u), q % geo(9u), r / geo(7u), r % geo(7u));
 }}
 fn store_c(z: u32, row: u32, col: u32, v: f32) {{
-    store_y((z * out_per_group() + row) * params[2] + col, v);
+    let taps = geo(6u) * geo(7u);
+    let r = col % taps;
+    store_y(strided4(OUT_LAYOUT, z * out_per_group() + row, col / taps, r / geo(7u), r % geo(7u)), v);
 }}
 "#
     );
-    let extra = layouts(geometry(xs, ws, hw, p), &[g.1, x.1])?;
+    let extra = layouts(geometry(xs, ws, hw, p), &[g.1, x.1, out])?;
     let og = ws[0] / p.groups;
     let mkn = [og, xs[0] * hw[0] * hw[1], ws[1] * ws[2] * ws[3]];
-    let len = weight_shape.iter().product();
+    let len = out.numel();
     launch(
         ctx,
         "conv2d_weight_grad",
