@@ -69,10 +69,13 @@ pub struct ImagenetArgs {
     /// each op: exact on the CPU backend, only the enqueue on an asynchronous device).
     #[arg(long)]
     profile_ops: bool,
-    /// Replay the training step as a captured graph after the warm-up (CUDA graphs; elsewhere
-    /// the steps run eagerly and the report says why).
-    #[arg(long)]
+    /// Replay the training step as a captured graph after the warm-up: the default on a CUDA
+    /// GPU; elsewhere the device cannot capture, the steps run eagerly and the report says why.
+    #[arg(long, conflicts_with = "eager")]
     graph: bool,
+    /// Run every step eagerly, also on a CUDA GPU.
+    #[arg(long)]
+    eager: bool,
 }
 
 pub fn run(args: ImagenetArgs) -> Result<()> {
@@ -127,6 +130,9 @@ pub fn run(args: ImagenetArgs) -> Result<()> {
         }
         if args.graph {
             cmd.arg("--graph");
+        }
+        if args.eager {
+            cmd.arg("--eager");
         }
         cmd
     };

@@ -1,6 +1,6 @@
 //! `bench-imagenet --shards DIR --out PATH [--model resnet18|34|50] [--res R] [--batch B]
-//! [--precision fp32|fp16|bf16] [--device NAME] [--steps N] [--seconds S] [--warmup W] [--graph]
-//! [--workers N] [--svg PATH] [--trace PATH] [--folder DIR]`: ResNet training throughput end to
+//! [--precision fp32|fp16|bf16] [--device NAME] [--steps N] [--seconds S] [--warmup W]
+//! [--graph | --eager] [--workers N] [--svg PATH] [--trace PATH] [--folder DIR]`: ResNet training throughput end to
 //! end — the loader on real JPEG shards, the input op, forward, backward and AdamW — with each
 //! step split into its phases. `cargo xtask bench imagenet` drives it.
 //!
@@ -67,10 +67,14 @@ struct Cli {
     #[arg(long)]
     profile_ops: bool,
     /// Replay the training step as a captured graph after the warm-up (a CUDA graph: one
-    /// launch per step). Where the device cannot capture, steps run eagerly and the report's
-    /// `graph` says why.
-    #[arg(long)]
+    /// launch per step). The default on a CUDA GPU; elsewhere the device cannot capture, the
+    /// steps run eagerly and the report's `graph` says why.
+    #[arg(long, conflicts_with = "eager")]
     graph: bool,
+    /// Run every step eagerly, also on a CUDA GPU (where the step is replayed as a graph by
+    /// default).
+    #[arg(long)]
+    eager: bool,
     /// Also write the img/s and phase charts as SVG here.
     #[arg(long)]
     svg: Option<PathBuf>,
@@ -125,8 +129,11 @@ fn run() -> Res<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = cli.workers.unwrap_or(cores);
     let (warmup, max_steps, seconds) = (cli.warmup, cli.steps, cli.seconds as f64);
-    // Under --graph the capture happens in the warm-up, not in the measured steps.
-    let warmup = match cli.graph {
+    // A GPU step is one graph launch unless --eager: few large launches are half of what this
+    // benchmark is about, and the report says where it ran eagerly and why.
+    let graph = cli.graph || (!cli.eager && candidate.kind == Kind::Cuda && !software);
+    // Under a graph the capture happens in the warm-up, not in the measured steps.
+    let warmup = match graph {
         true => warmup.max(redline_train::GRAPH_WARMUP_STEPS + 1),
         false => warmup,
     };
@@ -154,9 +161,17 @@ fn run() -> Res<()> {
     };
     let num_params = redline_nn::num_parameters(&model);
     let mut trainer = Trainer::new(Box::new(model), Box::new(adamw), config, device.clone())?;
-    if cli.graph {
+    if graph {
         trainer = trainer.with_graph();
     }
+    // A step that fails under a graph says how to measure without one.
+    let eager_hint = |e: redline_train::TrainError| -> Box<dyn Error> {
+        match graph {
+            true => format!("{e} (the step was replayed as a CUDA graph; --eager runs it eagerly)")
+                .into(),
+            false => e.into(),
+        }
+    };
     let loader_config = Config {
         workers,
         // Pinned batch buffers where the device has them (CUDA): uploads without staging.
@@ -174,7 +189,11 @@ fn run() -> Res<()> {
         redline_loader::Codec::best().name()
     );
     for _ in 0..warmup {
-        trainer.train_step(&mut loader)?.loss.item()?;
+        trainer
+            .train_step(&mut loader)
+            .map_err(eager_hint)?
+            .loss
+            .item()?;
     }
     device.synchronize()?;
     trainer.take_times()?;
@@ -188,7 +207,7 @@ fn run() -> Res<()> {
     let mut loss_in_flight = None;
     let mut steps = 0;
     loop {
-        let step = trainer.train_step(&mut loader)?;
+        let step = trainer.train_step(&mut loader).map_err(eager_hint)?;
         steps += 1;
         times.extend(step.times);
         let done = match max_steps {
