@@ -68,9 +68,12 @@ impl Default for SpeedOptions {
 pub(crate) const CLASSES: usize = 1000;
 
 /// Dense bf16/f16 tensor-core peaks with f32 accumulation (vendor figures, TFLOP/s), by a
-/// fragment of the device's name: the achieved share is reported against these.
-const TENSOR_PEAKS: [(&str, f64); 4] = [
+/// fragment of the device's name, the first that matches: the achieved share is reported
+/// against these. The H100's PCIe and NVL boards run lower clocks than the SXM one.
+const TENSOR_PEAKS: [(&str, f64); 6] = [
     ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
     ("H100", 989.0),
     ("RTX 5090", 209.0),
     ("A100", 312.0),
@@ -488,8 +491,10 @@ mod tests {
     }
 
     #[test]
-    fn peaks_are_known_for_the_two_cards() {
+    fn peaks_are_known_for_the_lent_cards_and_the_5090() {
         assert_eq!(peak_for("NVIDIA H200"), Some(989.0));
+        assert_eq!(peak_for("NVIDIA H100 80GB HBM3"), Some(989.0));
+        assert_eq!(peak_for("NVIDIA H100 PCIe"), Some(756.0));
         assert_eq!(peak_for("NVIDIA GeForce RTX 5090"), Some(209.0));
         assert_eq!(peak_for("cuda-emulator"), None);
     }
