@@ -89,6 +89,12 @@ impl GradScaler {
         Ok(())
     }
 
+    /// Forgets a step that will not run (its graph capture failed, so nothing it recorded
+    /// ran): the next step unscales its own gradients again.
+    pub fn discard_step(&mut self) {
+        self.unscaled = false;
+    }
+
     /// (scale, growth tracker) as device tensors, for checkpoints and reports.
     pub fn state(&self) -> [(&'static str, &Tensor); 2] {
         [

@@ -87,6 +87,8 @@ pub struct Emulator {
     capture: Mutex<Option<Vec<(String, LaunchShape, KernelArgs)>>>,
     /// Pad 3-channel stems as a GPU with cuDNN does ([`Emulator::pad_stem_channels`]).
     pads_stem: AtomicBool,
+    /// End every capture with the driver's "invalidated" ([`Emulator::invalidate_captures`]).
+    invalidates_captures: AtomicBool,
 }
 
 impl std::fmt::Debug for Emulator {
@@ -267,6 +269,7 @@ impl Emulator {
             epoch: std::time::Instant::now(),
             capture: Mutex::new(None),
             pads_stem: AtomicBool::new(false),
+            invalidates_captures: AtomicBool::new(false),
         })
     }
 
@@ -274,6 +277,13 @@ impl Emulator {
     /// padded path runs here (on our direct kernels, which the padding leaves exact).
     pub fn pad_stem_channels(self, on: bool) -> Self {
         self.pads_stem.store(on, Ordering::Relaxed);
+        self
+    }
+
+    /// Fails every capture at its end, as the driver does one it invalidated (a library call
+    /// it cannot hold, say) after every op was accepted: for the callers' recovery.
+    pub fn invalidate_captures(self, on: bool) -> Self {
+        self.invalidates_captures.store(on, Ordering::Relaxed);
         self
     }
 
@@ -439,13 +449,19 @@ impl Gpu for Emulator {
     }
 
     fn end_capture(&self) -> Result<Captured> {
-        (self
+        let captured = (self
             .capture
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take())
-        .map(Captured::Launches)
-        .ok_or_else(|| error("no capture to end"))
+        .ok_or_else(|| error("no capture to end"))?;
+        if self.invalidates_captures.load(Ordering::Relaxed) {
+            return Err(error(format!(
+                "the capture was invalidated ({} launches recorded; as told to)",
+                captured.len()
+            )));
+        }
+        Ok(Captured::Launches(captured))
     }
 
     fn replay(&self, captured: &Captured) -> Result<()> {

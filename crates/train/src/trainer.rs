@@ -164,6 +164,7 @@ enum GraphTurn {
 }
 
 /// A batch in the static buffers, before the input op.
+#[derive(Clone)]
 struct StagedBatch {
     images: Tensor,
     y: Tensor,
@@ -817,15 +818,23 @@ impl Trainer {
         }
         let shape = staged.images.shape().to_vec();
         let backend = self.device.backend();
+        // Batch norm's host counters, written to the device so a failed capture can read them
+        // back (the visit writes them; nothing is read).
+        let steps = self.steps;
+        self.model.visit("", &mut |_, _, _| {});
         if let Err(e) = backend.begin_capture() {
             self.graph = Graphing::Refused;
             self.graph_stats.eager_steps += 1;
             self.graph_stats.eager_reason = Some(e.to_string());
             return self.whole_step(staged);
         }
-        let captured = self.whole_step(staged);
+        let captured = self.whole_step(staged.clone());
         let graph = self.device.backend().end_capture();
-        let (loss, graph) = (captured?, graph?);
+        let (loss, graph) = match (captured, graph) {
+            (Ok(loss), Ok(graph)) => (loss, graph),
+            (Err(e), _) => return self.capture_failed(e, steps, staged),
+            (Ok(_), Err(e)) => return self.capture_failed(e.into(), steps, staged),
+        };
         self.replay(&graph)?;
         self.graph_stats.nodes = graph.nodes();
         self.graph_stats.replays += 1;
@@ -837,6 +846,36 @@ impl Trainer {
             shape,
         };
         Ok(copy)
+    }
+
+    /// A capture that failed (an op the driver refuses inside one, a capture it invalidated)
+    /// ran nothing on the device, but the step's host side moved on: put back what it moved —
+    /// the step count, the gradients it recorded, the host's mirrors of device state (batch
+    /// norm's counters, read back), the scaler's unscaled mark — and run this step and every
+    /// later one eagerly, saying why (the eager fallback, reported as such). A rank of a
+    /// data-parallel job fails instead: its peers must not take another path than it.
+    fn capture_failed(
+        &mut self,
+        e: TrainError,
+        steps: usize,
+        staged: StagedBatch,
+    ) -> Result<Tensor> {
+        if self.data_parallel.is_some() {
+            return Err(e);
+        }
+        zero_grad(self.optimizer.groups());
+        self.steps = steps;
+        self.model.state_loaded()?;
+        self.optimizer.state_loaded(steps as u64);
+        if let Some(s) = &mut self.scaler {
+            s.discard_step();
+        }
+        self.graph = Graphing::Refused;
+        self.graph_stats.eager_steps += 1;
+        self.graph_stats.eager_reason = Some(format!(
+            "the step's capture failed, so it runs eagerly: {e}"
+        ));
+        self.whole_step(staged)
     }
 
     /// Enqueues the captured step once. It runs the job's collectives where their groups

@@ -21,11 +21,17 @@ const CLASSES: usize = 4;
 const RES: usize = 32;
 
 fn small_cnn(device: &Device) -> Sequential {
+    small_cnn_reading_a_gradient(device, false)
+}
+
+/// The small CNN, with `host_read` a layer between its blocks whose backward reads its
+/// gradient on the host: legal eagerly, refused inside a graph capture.
+fn small_cnn_reading_a_gradient(device: &Device, host_read: bool) -> Sequential {
     let mut init = Init::new(3, device, DType::F32);
     let conv =
         |init: &mut Init, i, o, stride| Conv2d::resnet(init, i, o, 3, stride, 1).expect("conv");
     let bn = |init: &Init, c| BatchNorm2d::new(init, c, 1.0).expect("bn");
-    Sequential::new()
+    let first = Sequential::new()
         .push(conv(&mut init, 3, 16, 1))
         .push(bn(&init, 16))
         .push(ReLU)
@@ -33,7 +39,12 @@ fn small_cnn(device: &Device) -> Sequential {
             kernel: [2, 2],
             stride: [2, 2],
             padding: [0, 0],
-        }))
+        }));
+    let first = match host_read {
+        true => first.push(ReadsGradientOnHost),
+        false => first,
+    };
+    first
         .push(conv(&mut init, 16, 32, 2))
         .push(bn(&init, 32))
         .push(ReLU)
@@ -471,9 +482,29 @@ fn on_a_device_with_a_clock_step_times_arrive_two_steps_late() {
     }
 }
 
+/// The identity whose backward downloads its gradient.
+struct ReadsGradientOnHost;
+
+impl redline_nn::Module for ReadsGradientOnHost {
+    fn forward(&self, x: &Tensor) -> redline_tensor::Result<Tensor> {
+        Ok(x.clone()
+            .with_backward("reads_gradient_on_host", &[x], |g| {
+                g.to_f64_vec()?;
+                Ok(vec![Some(g.clone())])
+            }))
+    }
+    fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Tensor, redline_nn::Kind)) {}
+    fn shape_and_macs(&self, shape: &[usize]) -> redline_tensor::Result<(Vec<usize>, u64)> {
+        Ok((shape.to_vec(), 0))
+    }
+}
+
 /// The small CNN in fp16 with SGD, gradient clipping and a one-cycle schedule over `steps`.
 fn clipped_fp16_trainer(device: &Device, steps: usize) -> Trainer {
-    let model = small_cnn(device);
+    clipped_fp16_trainer_of(small_cnn(device), device, steps)
+}
+
+fn clipped_fp16_trainer_of(model: Sequential, device: &Device, steps: usize) -> Trainer {
     let sgd = Sgd::new(decay_groups(&model, 5e-5), 0.9, 0.0, true).unwrap();
     let config = TrainConfig {
         precision: Precision::Fp16,
@@ -491,7 +522,17 @@ type GraphRun = (Vec<f32>, Vec<(String, Vec<u64>)>, redline_train::GraphStats);
 /// `steps` fp16 steps of the small CNN on `device`, with graph replay or not; epochs end with
 /// a partial batch.
 fn graph_run(device: &Device, set: &Arc<ShardSet>, steps: usize, graph: bool) -> GraphRun {
-    let mut trainer = clipped_fp16_trainer(device, steps);
+    graph_run_of(small_cnn(device), device, set, steps, graph)
+}
+
+fn graph_run_of(
+    model: Sequential,
+    device: &Device,
+    set: &Arc<ShardSet>,
+    steps: usize,
+    graph: bool,
+) -> GraphRun {
+    let mut trainer = clipped_fp16_trainer_of(model, device, steps);
     if graph {
         trainer = trainer.with_graph();
     }
@@ -547,6 +588,56 @@ fn a_replayed_graph_trains_exactly_as_eager_steps_and_other_shapes_run_eagerly()
         .eager_reason
         .unwrap()
         .contains("cannot capture graphs"));
+}
+
+#[test]
+fn a_capture_that_fails_puts_the_step_back_and_trains_on_eagerly_as_eager_steps() {
+    // The capture of step 2 fails in backward (a layer reads its gradient on the host), after
+    // the forward counted batch norm's batches, autocast cast the weights and most gradients
+    // were recorded: the step must run again eagerly from the state before it, and so must
+    // every later step — the same losses and the same bits in every weight, buffer (batch
+    // norm's counters included) and optimizer state as a run that never asked for a graph.
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 52);
+    let device = Device::new(Arc::new(redline_cuda::CudaBackend::emulated().unwrap()));
+    let steps = 6;
+    let model = || small_cnn_reading_a_gradient(&device, true);
+    let (eager_losses, eager_state, _) = graph_run_of(model(), &device, &train, steps, false);
+    let (losses, state, stats) = graph_run_of(model(), &device, &train, steps, true);
+    assert_eq!(losses, eager_losses);
+    assert_eq!(state, eager_state);
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    // Steps 0-1 warm up; 2 fails to capture and runs eagerly, as 3-5 do.
+    assert_eq!(
+        (stats.captures, stats.replays, stats.eager_steps),
+        (0, 0, 4),
+        "{stats:?}"
+    );
+    let why = stats.eager_reason.unwrap_or_default();
+    assert!(
+        why.contains("capture failed") && why.contains("inside a graph capture"),
+        "{why}"
+    );
+
+    // A capture the driver invalidates at its end, after the whole step was recorded: the step
+    // count (the one-cycle rate follows it) and batch norm's counters had moved on too.
+    let emulator = redline_cuda::Emulator::new().unwrap();
+    let invalidating = Device::new(Arc::new(redline_cuda::CudaBackend::new(Arc::new(
+        emulator.invalidate_captures(true),
+    ))));
+    let plain = small_cnn(&invalidating);
+    let (losses, state, stats) = graph_run_of(plain, &invalidating, &train, steps, true);
+    let (eager_losses, eager_state, _) =
+        graph_run_of(small_cnn(&device), &device, &train, steps, false);
+    assert_eq!(losses, eager_losses);
+    assert_eq!(state, eager_state);
+    assert_eq!(
+        (stats.captures, stats.replays, stats.eager_steps),
+        (0, 0, 4),
+        "{stats:?}"
+    );
+    let why = stats.eager_reason.unwrap_or_default();
+    assert!(why.contains("invalidated"), "{why}");
 }
 
 #[test]
