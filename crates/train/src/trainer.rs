@@ -829,11 +829,16 @@ impl Trainer {
             return self.whole_step(staged);
         }
         let captured = self.whole_step(staged.clone());
-        let graph = self.device.backend().end_capture();
-        let (loss, graph) = match (captured, graph) {
-            (Ok(loss), Ok(graph)) => (loss, graph),
-            (Err(e), _) => return self.capture_failed(e, steps, staged),
-            (Ok(_), Err(e)) => return self.capture_failed(e.into(), steps, staged),
+        let graph = self
+            .device
+            .backend()
+            .end_capture()
+            .map_err(TrainError::from);
+        // On a failure the step's own error comes first, and whatever was captured (with the
+        // memory it holds) is dropped before the step runs again.
+        let (loss, graph) = match captured.and_then(|loss| graph.map(|graph| (loss, graph))) {
+            Ok(done) => done,
+            Err(e) => return self.capture_failed(e, steps, staged),
         };
         self.replay(&graph)?;
         self.graph_stats.nodes = graph.nodes();
