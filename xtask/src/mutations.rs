@@ -54,10 +54,22 @@ const MUTATIONS: &[Mutation] = &[
         mutated: "if (++r > cstride) {",
     },
     Mutation {
-        name: "channels-last batch-norm sums missing a chunk's last row",
+        name: "channels-last batch-norm sums missing the last row",
         file: "norm.cu",
-        original: "for (i64 r = start + threadIdx.y; r < end; r += ROWS_AT_ONCE) {",
-        mutated: "for (i64 r = start + threadIdx.y; r < end - 1; r += ROWS_AT_ONCE) {",
+        original: "r < rows; r += (i64)gridDim.y * blockDim.y) {\n            const Run xv",
+        mutated: "r < rows - 1; r += (i64)gridDim.y * blockDim.y) {\n            const Run xv",
+    },
+    Mutation {
+        name: "channels-last batch-norm sums halving their rows one step short",
+        file: "norm.cu",
+        original: "for (unsigned half = blockDim.y / 2; half > 0; half /= 2) {",
+        mutated: "for (unsigned half = blockDim.y / 2; half > 1; half /= 2) {",
+    },
+    Mutation {
+        name: "channels-last batch-norm affine reading its neighbour's coefficients",
+        file: "norm.cu",
+        original: "const i64 c = q * K + k;",
+        mutated: "const i64 c = q * K + (k + 1) % K;",
     },
     Mutation {
         name: "thread-per-output reduction skipping its last element",

@@ -1,8 +1,11 @@
-// Batch norm as two kernels the front end composes (forward, backward, with the ReLU gate):
-// per-channel sums in one pass (a block per channel), and the per-channel affine a·x + b
-// (+ d·y), optionally through a ReLU, in one elementwise pass. Statistics accumulate in f32
-// (f64 for f64 inputs). `affine` is the one expression both kernels use for a·x + b, so the
-// gate's mask in the backward is the forward's ReLU mask by construction.
+// Batch norm as two passes the front end composes (forward, backward, with the ReLU gate):
+// per-channel sums, and the per-channel affine a·x + b (+ d·y), optionally through a ReLU, in
+// one elementwise pass. Each pass has a general kernel (any layout, logical order) and kernels
+// for the dense layouts a training step makes, walked in memory order: a dense channels-last
+// tensor as rows of channels (the rows kernels), any one dense layout in 16-byte packs.
+// Statistics accumulate in f32 (f64 for f64 inputs). `affine` is the one expression every
+// kernel uses for a·x + b, so the gate's mask in the backward is the forward's ReLU mask by
+// construction.
 #include "block.cuh"
 
 #define NORM_THREADS 256
@@ -26,6 +29,23 @@ __device__ __forceinline__ S affine(S a, S x, S b) {
 template <class T, class S>
 __device__ __forceinline__ bool gate_open(S a, S x, S b) {
     return (S)Num<T>::load(Num<T>::store(affine(a, x, b))) > (S)0;
+}
+
+/// One output of the affine: a·x + b (+ d·y, y zeroed where the gate [ga; gb] is shut), then
+/// the ReLU (RELU). Every apply kernel computes through this, so their bits agree.
+template <class T, bool HAS_Y, bool RELU, bool GATE, class S>
+__device__ __forceinline__ T affine_out(S a, S b, S d, S ga, S gb, T x, T y) {
+    const S xv = Num<T>::load(x);
+    S v = affine(a, xv, b);
+    if constexpr (HAS_Y) {
+        S yv = Num<T>::load(y);
+        if constexpr (GATE) {
+            if (!gate_open<T>(ga, xv, gb)) yv = 0;
+        }
+        v += d * yv;
+    }
+    if constexpr (RELU) v = v > (S)0 ? v : (S)0;  // NaN → 0, as the reference
+    return Num<T>::store(v);
 }
 
 /// Logical element (b, c, s) of an [N, C, inner...] tensor.
@@ -75,69 +95,159 @@ __global__ void batch_norm_apply(const T *__restrict__ x, Strided xs, const T *_
     typedef typename Stat<T>::type S;
     for (i64 i = first_index(); i < n; i += grid_step()) {
         const i64 c = (i / inner) % C;
-        const S xv = Num<T>::load(x[position(xs, i)]);
-        S v = affine(coef[c], xv, coef[C + c]);
-        if constexpr (HAS_Y) {
-            S yv = Num<T>::load(y[position(ys, i)]);
-            if constexpr (GATE) {
-                if (!gate_open<T>(gate[c], xv, gate[C + c])) yv = 0;
-            }
-            v += coef[2 * C + c] * yv;
-        }
-        if constexpr (RELU) v = v > (S)0 ? v : (S)0;  // NaN → 0, as the reference
-        out[position(os, i)] = Num<T>::store(v);
+        const T xv = x[position(xs, i)];
+        const T yv = HAS_Y ? y[position(ys, i)] : xv;
+        const S d = HAS_Y ? coef[2 * C + c] : (S)0;
+        const S ga = GATE ? gate[c] : (S)0, gb = GATE ? gate[C + c] : (S)0;
+        out[position(os, i)] = affine_out<T, HAS_Y, RELU, GATE>(coef[c], coef[C + c], d, ga, gb, xv, yv);
     }
 }
 
-/// Channels of a statistics block of the channels-last pass (batch_norm_stats_rows): a warp
-/// reads this many adjacent channels of one row.
-#define ROWS_LANES 32
-/// Rows a statistics block of the channels-last pass reads at once (LANES × ROWS = 256 threads).
-#define ROWS_AT_ONCE 8
+/// V adjacent channels of one row, moved at once: a T (V = 1) or a 16-byte pack.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Channels {
+    T v[V];
+};
 
-/// batch_norm_stats for a dense channels-last x (and y, in the same layout): x is a [rows, C]
-/// matrix in memory, so a warp reads ROWS_LANES adjacent channels of a row — coalesced, where
-/// a block per channel would read one element per 128-byte line. Block (x, y) sums channels
-/// [32·x, 32·x + 32) over rows [y·rows_per_block, …) into partials[y] ([2, C] each);
-/// batch_norm_stats_combine adds the blocks' partials in order: the same bits every run.
-template <class T, bool HAS_Y, bool GATE>
-__global__ void __launch_bounds__(ROWS_LANES *ROWS_AT_ONCE)
-    batch_norm_stats_rows(const T *__restrict__ x, const T *__restrict__ y,
-                          const typename Stat<T>::type *__restrict__ gate,
-                          typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C,
-                          i64 rows_per_block) {
+// The rows kernels take a dense channels-last tensor as a [rows, C] matrix in memory and give
+// each thread V adjacent channels — column q of the C / V columns — for every row it visits,
+// so its per-channel values (gate, coefficients) are read once into registers. A block is
+// 256 threads: blockDim.x lanes across the columns (a power of two, at most a warp) times
+// blockDim.y rows at once, so a warp reads one run of memory (32 columns of a row, or whole
+// adjacent rows when a row has fewer columns). Block (x, y) covers columns [x·lanes, …) and
+// rows y·blockDim.y + ty, stepping by gridDim.y·blockDim.y. The launcher (ops/norm.rs
+// RowsPlan) picks V = 16 bytes only when C is a whole number of packs and every pointer is
+// 16-byte aligned.
+
+/// batch_norm_stats over the rows (HAS_Y, GATE as there): block (x, y) writes the sums of its
+/// columns over its rows into partials[y] ([2, C] each), after halving its rows in shared
+/// memory in a fixed order; batch_norm_stats_combine adds the partials in order. The same
+/// bits every run.
+template <class T, int V, bool HAS_Y, bool GATE>
+__device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__restrict__ y,
+                                           const typename Stat<T>::type *__restrict__ gate,
+                                           typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
     typedef typename Stat<T>::type S;
-    __shared__ S part[2][ROWS_AT_ONCE][ROWS_LANES];
-    const i64 c = (i64)blockIdx.x * ROWS_LANES + threadIdx.x;
-    const i64 start = (i64)blockIdx.y * rows_per_block;
-    const i64 end = start + rows_per_block < rows ? start + rows_per_block : rows;
-    S sum = 0, dot = 0;
-    if (c < C) {
-        const S a = GATE ? gate[c] : (S)0, b = GATE ? gate[C + c] : (S)0;
-        for (i64 r = start + threadIdx.y; r < end; r += ROWS_AT_ONCE) {
-            const S xv = Num<T>::load(x[r * C + c]);
-            S other = xv;
-            if constexpr (HAS_Y) {
-                other = Num<T>::load(y[r * C + c]);
-                if constexpr (GATE) {
-                    if (!gate_open<T>(a, xv, b)) other = 0;
-                }
+    typedef Channels<T, V> Run;
+    __shared__ S part[2][V][NORM_THREADS];
+    const i64 columns = C / V, q = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned t = threadIdx.y * blockDim.x + threadIdx.x;
+    S sum[V], dot[V], ga[V], gb[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) sum[k] = dot[k] = ga[k] = gb[k] = 0;
+    if (q < columns) {
+        if constexpr (GATE) {
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                ga[k] = gate[q * V + k];
+                gb[k] = gate[C + q * V + k];
             }
-            sum += other;
-            dot += xv * other;
+        }
+        const Run *xr = reinterpret_cast<const Run *>(x);
+        const Run *yr = reinterpret_cast<const Run *>(y);
+        // Two rows' loads in flight a thread, not more: registers hold V sums and V dots.
+#pragma unroll 2
+        for (i64 r = (i64)blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += (i64)gridDim.y * blockDim.y) {
+            const Run xv = xr[r * columns + q];
+            Run yv = xv;
+            if constexpr (HAS_Y) yv = yr[r * columns + q];
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const S xk = Num<T>::load(xv.v[k]);
+                S other = xk;
+                if constexpr (HAS_Y) {
+                    other = Num<T>::load(yv.v[k]);
+                    if constexpr (GATE) {
+                        if (!gate_open<T>(ga[k], xk, gb[k])) other = 0;
+                    }
+                }
+                sum[k] += other;
+                dot[k] += xk * other;
+            }
         }
     }
-    part[0][threadIdx.y][threadIdx.x] = sum;
-    part[1][threadIdx.y][threadIdx.x] = dot;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        S s = 0, d = 0;
-        for (int k = 0; k < ROWS_AT_ONCE; k++) {
-            s += part[0][k][threadIdx.x];
-            d += part[1][k][threadIdx.x];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        part[0][k][t] = sum[k];
+        part[1][k][t] = dot[k];
+    }
+    // Halve the block's rows until one is left (blockDim.y is a power of two).
+    for (unsigned half = blockDim.y / 2; half > 0; half /= 2) {
+        __syncthreads();
+        if (threadIdx.y < half) {
+            const unsigned u = t + half * blockDim.x;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                part[0][k][t] += part[0][k][u];
+                part[1][k][t] += part[1][k][u];
+            }
         }
-        partials[(i64)blockIdx.y * 2 * C + c] = s;
-        partials[(i64)blockIdx.y * 2 * C + C + c] = d;
+    }
+    // Row 0 reads the slots it wrote itself last.
+    if (threadIdx.y == 0 && q < columns) {
+        S *out = partials + (i64)blockIdx.y * 2 * C + q * V;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            out[k] = part[0][k][t];
+            out[C + k] = part[1][k][t];
+        }
+    }
+}
+
+/// The rows sums a channel at a time (C not a whole number of packs, or a pointer unaligned).
+template <class T, bool HAS_Y, bool GATE>
+__global__ void __launch_bounds__(NORM_THREADS)
+    batch_norm_stats_rows(const T *__restrict__ x, const T *__restrict__ y,
+                          const typename Stat<T>::type *__restrict__ gate,
+                          typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
+    stats_rows<T, 1, HAS_Y, GATE>(x, y, gate, partials, rows, C);
+}
+
+/// The rows sums a 16-byte pack of channels at a time (128-bit loads). Four blocks a
+/// multiprocessor (at most 64 registers): left to itself, ptxas gives the half types 32 on
+/// sm_90 and spills the sixteen sums.
+template <class T, bool HAS_Y, bool GATE>
+__global__ void __launch_bounds__(NORM_THREADS, 4)
+    batch_norm_stats_rows_packed(const T *__restrict__ x, const T *__restrict__ y,
+                                 const typename Stat<T>::type *__restrict__ gate,
+                                 typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
+    stats_rows<T, 16 / sizeof(T), HAS_Y, GATE>(x, y, gate, partials, rows, C);
+}
+
+/// batch_norm_apply over the rows, a 16-byte pack of channels at a time: each thread reads its
+/// channels' coefficients (and gate) once, then streams its rows with 128-bit loads and
+/// stores — where batch_norm_apply_packed, walking memory in one line, reads them per element
+/// and a warp's lanes hit 32 different channels' coefficients.
+template <class T, bool HAS_Y, bool RELU, bool GATE>
+__global__ void __launch_bounds__(NORM_THREADS)
+    batch_norm_apply_rows_packed(const Pack16<T> *__restrict__ x, const Pack16<T> *__restrict__ y,
+                                 const typename Stat<T>::type *__restrict__ coef,
+                                 const typename Stat<T>::type *__restrict__ gate, Pack16<T> *__restrict__ out,
+                                 i64 rows, i64 C) {
+    typedef typename Stat<T>::type S;
+    const int K = 16 / sizeof(T);
+    const i64 columns = C / K, q = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= columns) return;
+    S a[K], b[K], d[K], ga[K], gb[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const i64 c = q * K + k;
+        a[k] = coef[c];
+        b[k] = coef[C + c];
+        d[k] = HAS_Y ? coef[2 * C + c] : (S)0;
+        ga[k] = GATE ? gate[c] : (S)0;
+        gb[k] = GATE ? gate[C + c] : (S)0;
+    }
+    for (i64 r = (i64)blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += (i64)gridDim.y * blockDim.y) {
+        const i64 p = r * columns + q;
+        const Pack16<T> xp = x[p];
+        Pack16<T> yp = xp;
+        if constexpr (HAS_Y) yp = y[p];
+        Pack16<T> o;
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            o.v[k] = affine_out<T, HAS_Y, RELU, GATE>(a[k], b[k], d[k], ga[k], gb[k], xp.v[k], yp.v[k]);
+        out[p] = o;
     }
 }
 
@@ -176,17 +286,9 @@ __global__ void batch_norm_apply_packed(const Pack16<T> *__restrict__ x, const P
         Pack16<T> o;
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            const S xv = Num<T>::load(xp.v[k]);
-            S v = affine(coef[c], xv, coef[C + c]);
-            if constexpr (HAS_Y) {
-                S yv = Num<T>::load(yp.v[k]);
-                if constexpr (GATE) {
-                    if (!gate_open<T>(gate[c], xv, gate[C + c])) yv = 0;
-                }
-                v += coef[2 * C + c] * yv;
-            }
-            if constexpr (RELU) v = v > (S)0 ? v : (S)0;  // NaN → 0, as the reference
-            o.v[k] = Num<T>::store(v);
+            const S d = HAS_Y ? coef[2 * C + c] : (S)0;
+            const S ga = GATE ? gate[c] : (S)0, gb = GATE ? gate[C + c] : (S)0;
+            o.v[k] = affine_out<T, HAS_Y, RELU, GATE>(coef[c], coef[C + c], d, ga, gb, xp.v[k], yp.v[k]);
             if (++r == cstride) {
                 r = 0;
                 if (++c == C) c = 0;

@@ -116,8 +116,9 @@ pub fn normalize_input(dtype: DType) -> String {
     format!("normalize_input<{}>", ctype(dtype))
 }
 
-/// Batch norm's per-channel sums: `batch_norm_stats` (any layout, a block per channel) or
-/// `batch_norm_stats_rows` (dense channels-last, rows × channels blocks).
+/// Batch norm's per-channel sums: `batch_norm_stats` (any layout, a block per channel),
+/// `batch_norm_stats_rows` or `batch_norm_stats_rows_packed` (dense channels-last, rows ×
+/// channels blocks, a channel or a 16-byte pack a thread).
 pub fn batch_norm_stats(kernel: &str, dtype: DType, with_y: bool, gate: bool) -> String {
     format!("{kernel}<{}, {with_y}, {gate}>", ctype(dtype))
 }
@@ -137,8 +138,9 @@ pub fn batch_norm_coef(stats: DType, backward: bool) -> String {
     format!("{name}<{}>", ctype(stats))
 }
 
-/// Batch norm's affine: `batch_norm_apply` (any layouts, logical order) or
-/// `batch_norm_apply_packed` (one dense layout, memory order, 16 bytes a step).
+/// Batch norm's affine: `batch_norm_apply` (any layouts, logical order),
+/// `batch_norm_apply_packed` (one dense layout, memory order, 16 bytes a step) or
+/// `batch_norm_apply_rows_packed` (dense channels-last, a 16-byte pack of channels a thread).
 pub fn batch_norm_apply(
     kernel: &str,
     dtype: DType,
@@ -234,11 +236,19 @@ pub fn families() -> Vec<Family> {
     let mut norms = Vec::new();
     for &d in &floats {
         for (with_y, gate) in [(false, false), (true, false), (true, true)] {
-            for kernel in ["batch_norm_stats", "batch_norm_stats_rows"] {
+            for kernel in [
+                "batch_norm_stats",
+                "batch_norm_stats_rows",
+                "batch_norm_stats_rows_packed",
+            ] {
                 norms.push(batch_norm_stats(kernel, d, with_y, gate));
             }
             for relu in [false, true] {
-                for kernel in ["batch_norm_apply", "batch_norm_apply_packed"] {
+                for kernel in [
+                    "batch_norm_apply",
+                    "batch_norm_apply_packed",
+                    "batch_norm_apply_rows_packed",
+                ] {
                     norms.push(batch_norm_apply(kernel, d, with_y, relu, gate));
                 }
             }

@@ -117,17 +117,24 @@ fn broadcasting_strided_and_channels_last_operands() {
 
 #[test]
 fn batch_norm_walks_channels_last_and_dense_tensors_in_memory_order() {
-    // (shape, channels-last): 40 channels (a block of 32 and a ragged one) over 105 rows (not
-    // a multiple of the 8 a block reads at once); exactly two channel blocks; NCHW planes of
-    // whole packs; 75 elements (no whole number of packs: the general affine); 2 channels; an
-    // empty batch (sums of zero).
-    let cases: [([usize; 4], bool); 6] = [
+    // (shape, channels-last). The rows kernels in packs (16 bytes of channels a thread): 40
+    // channels over 105 rows (5 bf16 columns, 10 f32: lanes idle past them, rows not a multiple
+    // of those a block reads at once); 64 over 256 rows (several row chunks, each thread
+    // stepping through rows); 320 (40 bf16 columns: a warp-wide block and a ragged one). A
+    // channel a thread where packs do not fit: 36 channels (two blocks across), 12 (f32 and f64
+    // still in packs), 3, 2 (f64 in packs). NCHW planes of whole packs; 75 elements (no whole
+    // number of packs: the general affine); an empty batch (sums of zero).
+    let cases: [([usize; 4], bool); 10] = [
         ([3, 40, 5, 7], true),
-        ([2, 64, 4, 4], true),
+        ([4, 64, 8, 8], true),
+        ([2, 320, 3, 3], true),
+        ([2, 36, 3, 3], true),
+        ([2, 12, 5, 3], true),
         ([2, 16, 3, 8], false),
         ([1, 3, 5, 5], true),
         ([4, 2, 1, 1], true),
         ([0, 8, 2, 2], true),
+        ([2, 64, 4, 4], true),
     ];
     for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
         let tol = if dtype.size() == 2 { 1e-2 } else { 1e-4 };
@@ -181,6 +188,42 @@ fn batch_norm_walks_channels_last_and_dense_tensors_in_memory_order() {
         let out = xl.batch_norm_apply(Some(&y), &coef, true, None).unwrap();
         Tensor::concat(&[&sums.flatten().unwrap(), &out.flatten().unwrap()], 0).unwrap()
     });
+}
+
+#[test]
+fn the_affine_kernels_give_the_same_bits_whatever_the_layout() {
+    // The gated backward affine in bf16 three ways: channels-last (the rows kernel, a pack of
+    // channels a thread), NCHW (packs in memory order), mixed layouts (the general kernel).
+    let d = device();
+    let shape = [4, 64, 8, 8];
+    let n = shape.iter().product::<usize>();
+    let bf16 = |values: Vec<f32>, shape: &[usize]| {
+        Tensor::from_slice(&values, shape, &d)
+            .unwrap()
+            .cast(DType::BF16)
+            .unwrap()
+    };
+    let (x, y) = (
+        bf16(ramp(n, 0.05), &shape),
+        bf16(ramp(n + 5, 0.03)[5..].to_vec(), &shape),
+    );
+    let coef = Tensor::from_slice(&ramp(3 * 64, 0.02), &[3, 64], &d).unwrap();
+    let gate = Tensor::from_slice(&ramp(2 * 64 + 7, 0.02)[7..], &[2, 64], &d).unwrap();
+    let affine = |x: &Tensor, y: &Tensor| {
+        let out = x
+            .batch_norm_apply(Some(y), &coef, true, Some(&gate))
+            .unwrap();
+        out.contiguous().unwrap().to_f64_vec().unwrap()
+    };
+    let (xl, yl) = (x.to_channels_last().unwrap(), y.to_channels_last().unwrap());
+    let rows = affine(&xl, &yl);
+    let bits = |v: &[f64]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&rows), bits(&affine(&x, &y)), "channels-last and NCHW");
+    assert_eq!(
+        bits(&rows),
+        bits(&affine(&xl, &y)),
+        "channels-last and mixed"
+    );
 }
 
 #[test]

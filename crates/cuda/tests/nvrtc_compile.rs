@@ -1,8 +1,10 @@
 //! The NVRTC hardware suite: every kernel family compiled to CUBIN for every target
 //! architecture, with ptxas's registers, shared memory and spills per kernel printed as a table.
 //! A compile error fails, and so does a spill in a family marked hot, and a `*_packed` kernel
-//! whose PTX moves its 16-byte packs otherwise than by 128-bit loads and stores. Ignored in a plain
-//! `cargo test`; `cargo xtask test` runs it with `--ignored`. Without NVRTC it prints the skip
+//! whose PTX moves its 16-byte packs otherwise than by 128-bit loads and stores (loads only for
+//! batch norm's sums, which store no packs). Ignored in a plain
+//! `cargo test`; `cargo xtask test` runs it with `--ignored`
+//! (`REDLINE_NVRTC_FAMILIES=norm.cu,pool.cu` compiles only the families named). Without NVRTC it prints the skip
 //! marker xtask reports as "skipped" — or fails when `REDLINE_HARDWARE_REQUIRED=1` (CI,
 //! `--require nvrtc`). NVRTC comes from PyPI: `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime`.
 
@@ -32,7 +34,16 @@ fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
         nvrtc.path.display(),
         nvrtc.include_dir.display()
     );
-    let families = kernels::families();
+    // REDLINE_NVRTC_FAMILIES=norm.cu,pool.cu compiles only those families (while tuning one).
+    let only = std::env::var("REDLINE_NVRTC_FAMILIES").ok();
+    let families: Vec<_> = kernels::families()
+        .into_iter()
+        .filter(|f| {
+            only.as_deref()
+                .is_none_or(|names| names.split(',').any(|n| n.trim() == f.source.name))
+        })
+        .collect();
+    assert!(!families.is_empty(), "no kernel family named {only:?}");
     // Every (family, architecture) compile on its own thread: NVRTC programs are independent.
     let results: Vec<(String, &str, Result<redline_cuda::nvrtc::Cubin, String>)> =
         std::thread::scope(|s| {
@@ -66,12 +77,16 @@ fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
                 assert!(!cubin.image.is_empty(), "{family} for {arch}: empty CUBIN");
                 let hot = families.iter().any(|f| f.source.name == family && f.hot);
                 for (kernel, r) in &cubin.resources {
-                    // Kernels over 16-byte packs must move them as 128-bit loads and stores.
+                    // Kernels over 16-byte packs must load them as 128-bit loads, and store
+                    // them so too unless all they write is a sum (batch norm's statistics).
                     if kernel.contains("_packed<") {
                         let ptx = cubin.kernel_ptx(kernel).unwrap_or_default();
-                        if !moves_128_bits(ptx, "ld.global") || !moves_128_bits(ptx, "st.global") {
+                        let sums = kernel.starts_with("batch_norm_stats");
+                        if !moves_128_bits(ptx, "ld.global")
+                            || !(sums || moves_128_bits(ptx, "st.global"))
+                        {
                             failures.push(format!(
-                                "{kernel} on {arch}: no 128-bit load and store in its PTX"
+                                "{kernel} on {arch}: no 128-bit load (or store) in its PTX"
                             ));
                         }
                     }

@@ -1,10 +1,11 @@
 //! Launchers of `kernels/norm.cu`: batch norm's per-channel sums and per-channel affine.
 //!
-//! Each has a general kernel (any layouts, walked in logical order) and one for the layouts a
-//! training step actually makes, walked in memory order: the sums of a dense channels-last
-//! tensor as a rows × channels matrix (a warp reads adjacent channels), the affine over
-//! operands sharing one dense layout in 16-byte packs. The general kernels read channels-last
-//! tensors one element per 128-byte line.
+//! Each has a general kernel (any layouts, walked in logical order) and kernels for the layouts
+//! a training step actually makes, walked in memory order: a dense channels-last tensor as a
+//! rows × channels matrix ([`RowsPlan`]: a thread owns a 16-byte pack of adjacent channels, so
+//! their per-channel values stay in its registers while it streams its rows), and the affine
+//! over operands sharing any other dense layout in 16-byte packs. The general kernels read
+//! channels-last tensors one element per 128-byte line.
 
 use redline_tensor::{Layout, Result};
 
@@ -37,12 +38,11 @@ fn optional(
     })
 }
 
-/// Channels a block of `batch_norm_stats_rows` covers (`ROWS_LANES`).
-const ROWS_LANES: usize = 32;
-/// Rows its threads read at once (`ROWS_AT_ONCE`).
-const ROWS_AT_ONCE: usize = 8;
-/// Blocks the channels-last sums aim for: enough to fill a large GPU several times over.
+/// Blocks the rows kernels aim for: enough to fill a large GPU several times over.
 const ROWS_TARGET_BLOCKS: usize = 1024;
+/// Rows each thread of the rows kernels reads at least, where there are enough: its per-channel
+/// values (gate, coefficients) and its block's final reduction are paid once for them.
+const ROWS_PER_THREAD: usize = 4;
 
 /// Operands the memory-order kernels take: one dense order ([`share_one_dense_order`]) from
 /// the start of each storage (their pointers are the storages').
@@ -50,50 +50,79 @@ fn share_one_dense_layout(layouts: &[&Layout]) -> bool {
     share_one_dense_order(layouts) && layouts.iter().all(|l| l.offset() == 0)
 }
 
-/// How `batch_norm_stats_rows` splits a channels-last x: `chunks` row ranges of
-/// `rows_per_chunk` rows, a grid of `[⌈C / 32⌉, chunks]`.
+/// How the rows kernels (`kernels/norm.cu`) split a dense channels-last tensor, seen as a
+/// `[rows, channels]` matrix: a thread owns `vector` adjacent channels (one, or a 16-byte
+/// pack), `lanes` threads (a power of two, at most a warp) span a row's `channels / vector`
+/// columns and the block's other `256 / lanes` threads take more rows at once; a grid of
+/// `[⌈columns / lanes⌉, chunks]` blocks, the chunks stepping through the rows together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowsPlan {
     pub rows: usize,
     pub channels: usize,
-    pub rows_per_chunk: usize,
+    pub vector: usize,
+    pub lanes: usize,
     pub chunks: usize,
 }
 
 impl RowsPlan {
-    /// The plan when x (and y) are dense channels-last (channels innermost in memory, more
-    /// than one), else `None`: the block-per-channel kernel runs.
-    pub fn new(x: &Operand, y: Option<&Operand>) -> Option<Self> {
+    /// The plan when x and the `others` (same dtype) are dense channels-last in one layout
+    /// from their storages' starts, with more than one channel; else `None`, and the general
+    /// kernels run. Packs of 16 bytes when the channels fill whole packs and every pointer is
+    /// 16-byte aligned, else a channel a thread.
+    pub fn new(x: &Operand, others: &[&Operand]) -> Option<Self> {
         let shape = x.layout.shape();
         let mut layouts = vec![x.layout];
-        layouts.extend(y.map(|y| y.layout));
+        layouts.extend(others.iter().map(|o| o.layout));
         if shape.len() < 2 || shape[1] < 2 || x.layout.strides()[1] != 1 {
             return None;
         }
-        if !share_one_dense_layout(&layouts) || y.is_some_and(|y| y.dtype != x.dtype) {
+        if !share_one_dense_layout(&layouts) || others.iter().any(|o| o.dtype != x.dtype) {
             return None;
         }
         let (channels, rows) = (shape[1], x.layout.numel() / shape[1]);
         if rows == 0 {
-            // Nothing to read: the general kernel writes the zero sums.
+            // Nothing to read: the general kernels write the zero sums.
             return None;
         }
-        let across = channels.div_ceil(ROWS_LANES);
+        let per_pack = 16 / x.dtype.size();
+        let aligned = std::iter::once(x)
+            .chain(others.iter().copied())
+            .all(|o| o.ptr.0 % 16 == 0);
+        let vector = match per_pack > 1 && channels.is_multiple_of(per_pack) && aligned {
+            true => per_pack,
+            false => 1,
+        };
+        let columns = channels / vector;
+        let lanes = columns.next_power_of_two().min(32);
+        let rows_at_once = THREADS as usize / lanes;
         let chunks = ROWS_TARGET_BLOCKS
-            .div_ceil(across)
-            .clamp(1, rows.div_ceil(ROWS_AT_ONCE));
-        let rows_per_chunk = rows.div_ceil(chunks);
+            .div_ceil(columns.div_ceil(lanes))
+            .clamp(1, rows.div_ceil(rows_at_once * ROWS_PER_THREAD));
         Some(Self {
             rows,
             channels,
-            rows_per_chunk,
-            chunks: rows.div_ceil(rows_per_chunk),
+            vector,
+            lanes,
+            chunks,
         })
     }
 
-    /// Statistics-dtype elements of scratch its partial sums take.
+    /// Whether a thread moves 16-byte packs (the `*_rows_packed` kernels).
+    pub fn packed(&self) -> bool {
+        self.vector > 1
+    }
+
+    /// Statistics-dtype elements of scratch the sums' partials take.
     pub fn partials(&self) -> usize {
         self.chunks * 2 * self.channels
+    }
+
+    fn shape(&self) -> LaunchShape {
+        let columns = self.channels / self.vector;
+        LaunchShape {
+            grid: [columns.div_ceil(self.lanes) as u32, self.chunks as u32, 1],
+            block: [self.lanes as u32, THREADS / self.lanes as u32, 1],
+        }
     }
 }
 
@@ -147,23 +176,13 @@ fn stats_rows(
         .ptr(gate.unwrap_or(null))
         .ptr(partials)
         .i64(plan.rows as i64)
-        .i64(plan.channels as i64)
-        .i64(plan.rows_per_chunk as i64);
-    let kernel = kernels::batch_norm_stats(
-        "batch_norm_stats_rows",
-        x.dtype,
-        y.is_some(),
-        gate.is_some(),
-    );
-    let shape = LaunchShape {
-        grid: [
-            plan.channels.div_ceil(ROWS_LANES) as u32,
-            plan.chunks as u32,
-            1,
-        ],
-        block: [ROWS_LANES as u32, ROWS_AT_ONCE as u32, 1],
+        .i64(plan.channels as i64);
+    let name = match plan.packed() {
+        true => "batch_norm_stats_rows_packed",
+        false => "batch_norm_stats_rows",
     };
-    gpu.launch(&kernel, shape, &args)?;
+    let kernel = kernels::batch_norm_stats(name, x.dtype, y.is_some(), gate.is_some());
+    gpu.launch(&kernel, plan.shape(), &args)?;
     let stats = redline_tensor::stats_dtype(x.dtype);
     let args = KernelArgs::new()
         .ptr(partials)
@@ -211,13 +230,23 @@ pub fn apply(
     }
     let (_, c, inner) = split(x.layout.shape());
     let kernel = |name| kernels::batch_norm_apply(name, x.dtype, y.is_some(), relu, gate.is_some());
-    if let Some((packs, channel_stride)) = packed(x, y, out) {
-        let args = KernelArgs::new()
+    // The memory-order kernels' pointers: x, y (or null), coef, gate (or null), out.
+    let pointers = || {
+        KernelArgs::new()
             .ptr(x.ptr)
             .ptr(y.map_or(DevicePtr(0), |y| y.ptr))
             .ptr(coef)
             .ptr(gate.unwrap_or(DevicePtr(0)))
             .ptr(out.ptr)
+    };
+    let mut others = vec![out];
+    others.extend(y);
+    if let Some(plan) = RowsPlan::new(x, &others).filter(RowsPlan::packed) {
+        let args = pointers().i64(plan.rows as i64).i64(c as i64);
+        return gpu.launch(&kernel("batch_norm_apply_rows_packed"), plan.shape(), &args);
+    }
+    if let Some((packs, channel_stride)) = packed(x, y, out) {
+        let args = pointers()
             .i64(packs as i64)
             .i64(c as i64)
             .i64(channel_stride as i64);
@@ -324,24 +353,39 @@ mod tests {
     }
 
     #[test]
-    fn channels_last_sums_take_the_rows_kernel_with_enough_blocks() {
-        let shape = [256, 64, 56, 56];
-        let cl = Layout::channels_last(&shape).unwrap();
+    fn channels_last_tensors_take_the_rows_kernels_in_packs_with_enough_blocks() {
+        // ResNet-50's first bottleneck at batch 256: 8 packs of 8 bf16 channels a row, so 8
+        // lanes by 32 rows a block (a warp reads 4 whole adjacent rows: 512 contiguous bytes).
+        let cl = Layout::channels_last(&[256, 64, 56, 56]).unwrap();
         let x = operand(&cl, DType::BF16, 0);
-        let plan = RowsPlan::new(&x, Some(&x)).expect("dense channels-last");
+        let plan = RowsPlan::new(&x, &[&x]).expect("dense channels-last");
         assert_eq!((plan.rows, plan.channels), (256 * 56 * 56, 64));
-        // Two channel blocks, so 512 row chunks: 1,024 blocks, every row covered once.
-        assert_eq!(plan.chunks, 512);
-        assert!(plan.chunks * plan.rows_per_chunk >= plan.rows);
-        assert!((plan.chunks - 1) * plan.rows_per_chunk < plan.rows);
-        assert_eq!(plan.partials(), 512 * 2 * 64);
-        // Few rows: a chunk per 8 rows at most.
+        assert_eq!((plan.vector, plan.lanes, plan.chunks), (8, 8, 1024));
+        let shape = plan.shape();
+        assert_eq!((shape.grid, shape.block), ([1, 1024, 1], [8, 32, 1]));
+        assert_eq!(plan.partials(), 1024 * 2 * 64);
+        // Its last stage: 2,048 channels are 256 packs, a warp of them across 8 blocks.
+        let wide = Layout::channels_last(&[256, 2048, 7, 7]).unwrap();
+        let plan = RowsPlan::new(&operand(&wide, DType::BF16, 0), &[]).unwrap();
+        assert_eq!((plan.vector, plan.lanes, plan.chunks), (8, 32, 128));
+        assert_eq!(plan.shape().grid, [8, 128, 1]);
+        // Few rows: every thread reads at least 4 of them. f32 packs hold 4 channels, so 40
+        // make 10 columns, 16 lanes and 16 rows at once.
         let small = Layout::channels_last(&[1, 40, 3, 5]).unwrap();
-        let plan = RowsPlan::new(&operand(&small, DType::F32, 0), None).unwrap();
-        assert_eq!((plan.rows, plan.chunks, plan.rows_per_chunk), (15, 2, 8));
+        let plan = RowsPlan::new(&operand(&small, DType::F32, 0), &[]).unwrap();
+        assert_eq!(
+            (plan.rows, plan.vector, plan.lanes, plan.chunks),
+            (15, 4, 16, 1)
+        );
+        // Channels that fill no whole packs, or a pointer off 16 bytes: a channel a thread.
+        let ragged = Layout::channels_last(&[3, 36, 5, 7]).unwrap();
+        let plan = RowsPlan::new(&operand(&ragged, DType::BF16, 0), &[]).unwrap();
+        assert_eq!((plan.vector, plan.lanes, plan.chunks), (1, 32, 4));
+        let y = operand(&cl, DType::BF16, 8);
+        assert_eq!(RowsPlan::new(&x, &[&y]).unwrap().vector, 1);
         // An empty batch has no rows to split.
         let empty = Layout::channels_last(&[0, 40, 3, 5]).unwrap();
-        assert_eq!(RowsPlan::new(&operand(&empty, DType::F32, 0), None), None);
+        assert_eq!(RowsPlan::new(&operand(&empty, DType::F32, 0), &[]), None);
     }
 
     #[test]
@@ -365,7 +409,8 @@ mod tests {
             ),
         ];
         for (x, y) in &refused {
-            assert_eq!(RowsPlan::new(x, y.as_ref()), None, "{:?}", x.layout);
+            let others: Vec<&Operand> = y.iter().collect();
+            assert_eq!(RowsPlan::new(x, &others), None, "{:?}", x.layout);
         }
     }
 
