@@ -9,12 +9,13 @@ absorb cudnn.benchmark's search and the compile). Prints one JSON object (and wr
 --out when given).
 
 Usage: python3 gpu_speed.py [--model resnet50] [--res 224] [--batch 256]
-       [--precision bf16|fp16] [--warmup 10] [--steps 30] [--compile] [--device cuda]
-       [--out PATH]
+       [--precision bf16|fp16] [--warmup 10] [--steps 30] [--lr 1e-3] [--compile]
+       [--device cuda] [--out PATH]
 """
 
 import argparse
 import json
+import math
 import time
 
 import torch
@@ -35,7 +36,7 @@ def measure(a, device, compiled):
     model = getattr(torchvision.models, a.model)().to(device, memory_format=torch.channels_last)
     model.train()
     step_model = torch.compile(model) if compiled else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=True)
     scaler = torch.amp.GradScaler(device.type, enabled=a.precision == "fp16")
     loss_fn = torch.nn.CrossEntropyLoss()
     pin = device.type == "cuda"
@@ -66,12 +67,15 @@ def measure(a, device, compiled):
         loss = step()
     synchronize(device)
     seconds = time.perf_counter() - start
+    last = float(loss.item())
     return {
         "img_per_s": a.batch * a.steps / seconds,
         "seconds": seconds,
         "steps": a.steps,
         "warmup": a.warmup,
-        "loss": float(loss.item()),
+        # A diverged loss is null: Python would write NaN, which is not JSON, and the speed
+        # stage would lose the whole report (seen here at batch 2 on the CPU under load).
+        "loss": last if math.isfinite(last) else None,
     }
 
 
@@ -83,6 +87,7 @@ def main():
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out")

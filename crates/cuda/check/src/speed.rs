@@ -479,6 +479,26 @@ mod tests {
         assert_eq!(theirs["batch"], 2);
     }
 
+    /// A loss that diverges (a learning rate of 1e9 here; once seen at the default under load)
+    /// leaves the report valid JSON with a null loss: Python's NaN is not JSON, and the stage
+    /// would have lost PyTorch's img/s with it.
+    #[test]
+    fn pytorch_side_reports_a_diverged_loss_as_null() {
+        let output = Command::new(std::env::var("REDLINE_PYTHON").unwrap_or("python3".into()))
+            .arg(pytorch_script())
+            .args(["--device", "cpu", "--model", "resnet18", "--res", "16"])
+            .args([
+                "--batch", "2", "--warmup", "2", "--steps", "2", "--lr", "1e9",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{stdout}");
+        let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert!(report["eager"]["loss"].is_null(), "{report}");
+        assert!(report["eager"]["img_per_s"].as_f64().unwrap() > 0.0);
+    }
+
     #[test]
     fn a_missing_script_or_a_hung_one_is_an_error_naming_it() {
         let mut cmd = Command::new("sleep");
