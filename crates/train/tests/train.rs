@@ -9,8 +9,8 @@ use redline_datasets::generate::{synth_shards, SynthOptions};
 use redline_loader::{Config, Loader, Position};
 use redline_nn::layers::GlobalAvgPool;
 use redline_nn::{
-    decay_groups, named_parameters, AdamW, BatchNorm2d, Conv2d, Init, Linear, MaxPool2d, ReLU,
-    Schedule, Sequential, Sgd,
+    decay_groups, named_parameters, AdamW, BatchNorm2d, Conv2d, Init, Linear, MaxPool2d, Optimizer,
+    ParamGroup, ReLU, Schedule, Sequential, Sgd,
 };
 use redline_shard::ShardSet;
 use redline_tensor::{DType, Device, Pool2dParams, Tensor};
@@ -506,14 +506,51 @@ fn clipped_fp16_trainer(device: &Device, steps: usize) -> Trainer {
 
 fn clipped_fp16_trainer_of(model: Sequential, device: &Device, steps: usize) -> Trainer {
     let sgd = Sgd::new(decay_groups(&model, 5e-5), 0.9, 0.0, true).unwrap();
+    fp16_trainer_with(model, Box::new(sgd), Some(1.0), device, steps)
+}
+
+/// `model` in fp16 (a GradScaler) with `optimizer`, clipping at `clip_norm`, a one-cycle
+/// schedule over `steps`.
+fn fp16_trainer_with(
+    model: Sequential,
+    optimizer: Box<dyn Optimizer>,
+    clip_norm: Option<f64>,
+    device: &Device,
+    steps: usize,
+) -> Trainer {
     let config = TrainConfig {
         precision: Precision::Fp16,
         label_smoothing: 0.1,
-        clip_norm: Some(1.0),
+        clip_norm,
         base_lr: 0.1,
         schedule: Schedule::one_cycle(steps),
     };
-    Trainer::new(Box::new(model), Box::new(sgd), config, device.clone()).unwrap()
+    Trainer::new(Box::new(model), optimizer, config, device.clone()).unwrap()
+}
+
+/// SGD that reads the step's overflow flag on the host before each update: a host read that a
+/// graph capture refuses, made after the GradScaler unscaled the gradients.
+struct ReadsFlagOnHost(Sgd);
+
+impl Optimizer for ReadsFlagOnHost {
+    fn set_lr(&mut self, lr: f64) -> redline_tensor::Result<()> {
+        self.0.set_lr(lr)
+    }
+    fn update(&mut self, found_inf: Option<&Tensor>) -> redline_tensor::Result<()> {
+        if let Some(flag) = found_inf {
+            flag.item()?;
+        }
+        self.0.update(found_inf)
+    }
+    fn groups(&self) -> &[ParamGroup] {
+        self.0.groups()
+    }
+    fn state(&self) -> Vec<(String, Tensor)> {
+        self.0.state()
+    }
+    fn state_loaded(&mut self, steps_taken: u64) {
+        self.0.state_loaded(steps_taken)
+    }
 }
 
 /// Losses, the final state's bits and the graph statistics of a run.
@@ -532,7 +569,15 @@ fn graph_run_of(
     steps: usize,
     graph: bool,
 ) -> GraphRun {
-    let mut trainer = clipped_fp16_trainer_of(model, device, steps);
+    graph_run_on(
+        clipped_fp16_trainer_of(model, device, steps),
+        set,
+        steps,
+        graph,
+    )
+}
+
+fn graph_run_on(mut trainer: Trainer, set: &Arc<ShardSet>, steps: usize, graph: bool) -> GraphRun {
     if graph {
         trainer = trainer.with_graph();
     }
@@ -638,6 +683,38 @@ fn a_capture_that_fails_puts_the_step_back_and_trains_on_eagerly_as_eager_steps(
     );
     let why = stats.eager_reason.unwrap_or_default();
     assert!(why.contains("invalidated"), "{why}");
+}
+
+#[test]
+fn a_capture_that_fails_after_unscaling_unscales_again_when_the_step_runs_eagerly() {
+    // The capture of step 2 fails in the optimizer (it reads the overflow flag on the host),
+    // after the GradScaler marked the step's gradients unscaled: nothing it recorded ran, so
+    // the eager rerun must unscale its own gradients again (GradScaler::discard_step), or SGD
+    // would step with gradients 65,536 times too large. No clipping here: it would hide that
+    // by normalising both to the same length.
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = synth(dir.path(), 52);
+    let device = Device::new(Arc::new(redline_cuda::CudaBackend::emulated().unwrap()));
+    let steps = 5;
+    let run = |graph: bool| {
+        let model = small_cnn(&device);
+        let sgd = Sgd::new(decay_groups(&model, 5e-5), 0.9, 0.0, true).unwrap();
+        let optimizer = Box::new(ReadsFlagOnHost(sgd));
+        let trainer = fp16_trainer_with(model, optimizer, None, &device, steps);
+        graph_run_on(trainer, &train, steps, graph)
+    };
+    let (eager_losses, eager_state, _) = run(false);
+    let (losses, state, stats) = run(true);
+    assert_eq!(losses, eager_losses);
+    assert_eq!(state, eager_state);
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert_eq!(
+        (stats.captures, stats.replays, stats.eager_steps),
+        (0, 0, 3),
+        "{stats:?}"
+    );
+    let why = stats.eager_reason.unwrap_or_default();
+    assert!(why.contains("capture failed"), "{why}");
 }
 
 #[test]
