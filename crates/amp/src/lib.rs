@@ -8,7 +8,9 @@
 //!   so a training step needs no host synchronisation.
 //!
 //! Layers consult the policy through [`for_compute`] (conv, matmul) and [`for_f32`]
-//! (normalisation, losses); outside a scope both return their input unchanged.
+//! (losses; batch norm where it is not fused — fused, it keeps its statistics in f32 inside
+//! and its activations in their half dtype); outside a scope both return their input
+//! unchanged.
 
 mod autocast;
 mod scaler;

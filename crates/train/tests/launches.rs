@@ -78,6 +78,71 @@ fn a_resnet50_step_issues_six_launches_per_batch_norm_and_under_seven_hundred_in
     eprintln!("clipping: {clip} launches");
 }
 
+/// Under autocast, batch norm runs on its low-precision input (its statistics and coefficients
+/// in f32 inside the fused kernels, as PyTorch's CUDA autocast runs it in the input's dtype):
+/// a bf16 ResNet-50 step casts its parameters (down for the forward, their gradients back up)
+/// and its input, and no activation or activation gradient — where casting each norm's input
+/// up to f32 cost two casts forward and two backward per norm, f32 passes over both, and an
+/// f32 copy of every normalised activation kept for backward.
+#[test]
+fn an_amp_resnet50_step_casts_parameters_and_its_input_but_no_activation() {
+    use redline_tensor::DType;
+    let cpu = Device::new(Arc::new(redline_cpu::CpuBackend::new()));
+    let (device, profile) = OpProfile::wrap(cpu, true);
+    let config = ResNetConfig {
+        num_classes: 10,
+        ..ResNetConfig::new(50)
+    };
+    let model = ResNet::new(config, &device).unwrap();
+    let batch = 2;
+    let x = Tensor::from_slice(
+        &vec![0.5f32; batch * 3 * 32 * 32],
+        &[batch, 3, 32, 32],
+        &device,
+    )
+    .and_then(|x| x.to_channels_last())
+    .unwrap();
+    let y = Tensor::from_slice(&[1i64, 7], &[batch], &device).unwrap();
+    profile.reset();
+    let loss = {
+        let _scope = redline_amp::autocast(DType::BF16).unwrap();
+        let logits = model.forward(&x).unwrap();
+        assert_eq!(logits.dtype(), DType::BF16);
+        redline_amp::for_f32(&logits)
+            .and_then(|l| l.cross_entropy(&y, 0.1, None))
+            .unwrap()
+    };
+    loss.backward().unwrap();
+    // A convert's label: "convert F32->BF16 [2, 256, 8, 8]"; batch-led 4-d shapes are
+    // activations (no parameter of this model has 2 output channels).
+    let activation = format!("[{batch}, ");
+    let converts: Vec<(String, u64)> = profile
+        .rows()
+        .into_iter()
+        .filter(|r| r.label.starts_with("convert") && r.label.contains(&activation))
+        .map(|r| (r.label, r.calls))
+        .collect();
+    // The input, cast down for the stem; the logits, up for the loss and back in backward.
+    let want = [
+        ("convert F32->BF16 [2, 3, 32, 32]", 1),
+        ("convert BF16->F32 [2, 10]", 1),
+        ("convert F32->BF16 [2, 10]", 1),
+    ];
+    let mut got: Vec<(&str, u64)> = converts.iter().map(|(l, n)| (l.as_str(), *n)).collect();
+    got.sort();
+    let mut want = want.to_vec();
+    want.sort();
+    assert_eq!(got, want, "activations cast: {converts:#?}");
+    // Every parameter (161) gets one cast down and its gradient one cast back up.
+    let parameter_casts: u64 = profile
+        .rows()
+        .iter()
+        .filter(|r| r.label.starts_with("convert") && !r.label.contains(&activation))
+        .map(|r| r.calls)
+        .sum();
+    assert!(parameter_casts <= 2 * 161, "{parameter_casts}");
+}
+
 /// A convolution's weight gradient comes back in the weight's own order, so neither a
 /// channels-last weight nor autocast's channels-last copy of an OIHW master pays an extra
 /// transposing copy: none for the first, and for the second only the cast back to f32 the

@@ -138,8 +138,10 @@ impl Tensor {
             .all(|&op| self.device().backend().supports(Op::Nn(op), self.dtype()))
     }
 
-    /// Whether this backend has the two fused batch-norm ops for this dtype.
-    fn fused_batch_norm(&self) -> bool {
+    /// Whether training batch norm runs fused on this tensor: its backend has the two fused
+    /// batch-norm ops for its dtype (statistics and coefficients in f32 for half types, the
+    /// output in its dtype).
+    pub fn fused_batch_norm(&self) -> bool {
         [NnOp::BatchNormStats, NnOp::BatchNormApply]
             .iter()
             .all(|&op| self.device().backend().supports(Op::Nn(op), self.dtype()))
