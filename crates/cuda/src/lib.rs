@@ -795,7 +795,10 @@ impl Backend for CudaBackend {
         let ptr = self.buffer(&out)?.ptr;
         let xo = self.operand(x)?;
         // A channels-last x's plan and scratch for its partial sums (freed in stream order).
-        let plan = ops::norm::RowsPlan::new(&xo, &yo.iter().collect::<Vec<_>>());
+        let plan = match &yo {
+            Some(y) => ops::norm::RowsPlan::new(&xo, &[y]),
+            None => ops::norm::RowsPlan::new(&xo, &[]),
+        };
         let partials = plan
             .map(|p| self.alloc(stats_dtype(x.dtype()), p.partials()))
             .transpose()?;

@@ -239,9 +239,11 @@ pub fn apply(
             .ptr(gate.unwrap_or(DevicePtr(0)))
             .ptr(out.ptr)
     };
-    let mut others = vec![out];
-    others.extend(y);
-    if let Some(plan) = RowsPlan::new(x, &others).filter(RowsPlan::packed) {
+    let rows = match y {
+        Some(y) => RowsPlan::new(x, &[out, y]),
+        None => RowsPlan::new(x, &[out]),
+    };
+    if let Some(plan) = rows.filter(RowsPlan::packed) {
         let args = pointers().i64(plan.rows as i64).i64(c as i64);
         return gpu.launch(&kernel("batch_norm_apply_rows_packed"), plan.shape(), &args);
     }
