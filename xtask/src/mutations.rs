@@ -23,8 +23,14 @@ const MUTATIONS: &[Mutation] = &[
     Mutation {
         name: "tail off by one",
         file: "elementwise.cu",
-        original: "i < n; i += grid_step()) {\n        typename Num<T>::acc v = Num<T>::load(x[position(xs, i)]);",
-        mutated: "i <= n; i += grid_step()) {\n        typename Num<T>::acc v = Num<T>::load(x[position(xs, i)]);",
+        original: "i < n; i += grid_step()) {\n        out[position(os, i)] = unary_element",
+        mutated: "i <= n; i += grid_step()) {\n        out[position(os, i)] = unary_element",
+    },
+    Mutation {
+        name: "packed binary op reading the neighbouring pack of its second operand",
+        file: "elementwise.cu",
+        original: "const Pack16<T> ap = a[p], bp = b[p];",
+        mutated: "const Pack16<T> ap = a[p], bp = b[p ^ 1];",
     },
     Mutation {
         name: "missing __syncthreads",

@@ -2,6 +2,10 @@
 // (which is also copy_into: a strided destination) and fill. One template per family; dtype and
 // op are template parameters, instantiated by the name expressions `ops/elementwise.rs` lists.
 // Every kernel is a grid-stride loop over the output's logical elements, so any grid covers any n.
+// Unary and binary ops also come `_packed`: operands the launcher found dense in one order,
+// 16-byte aligned and a whole number of packs long are walked 16 bytes a thread a step (one
+// 128-bit load per operand and one store), through the same element function, so both forms
+// give the same bits.
 #include "common.cuh"
 
 /// Mirrors redline_tensor::UnaryOp (the Rust side names instantiations by its variants).
@@ -27,11 +31,27 @@ __device__ __forceinline__ A unary_value(A x) {
     if constexpr (OP == UnaryOp::Tanh) return tanh(x);
 }
 
+/// One element of `unary`: widened to the arithmetic type, computed, rounded back once.
+template <class T, UnaryOp OP>
+__device__ __forceinline__ T unary_element(T x) {
+    return Num<T>::store(unary_value<OP>(Num<T>::load(x)));
+}
+
 template <class T, UnaryOp OP>
 __global__ void unary(const T *__restrict__ x, Strided xs, T *__restrict__ out, Strided os, i64 n) {
     for (i64 i = first_index(); i < n; i += grid_step()) {
-        typename Num<T>::acc v = Num<T>::load(x[position(xs, i)]);
-        out[position(os, i)] = Num<T>::store(unary_value<OP>(v));
+        out[position(os, i)] = unary_element<T, OP>(x[position(xs, i)]);
+    }
+}
+
+template <class T, UnaryOp OP>
+__global__ void unary_packed(const Pack16<T> *__restrict__ x, Pack16<T> *__restrict__ out, i64 packs) {
+    for (i64 p = first_index(); p < packs; p += grid_step()) {
+        const Pack16<T> xp = x[p];
+        Pack16<T> o;
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) o.v[k] = unary_element<T, OP>(xp.v[k]);
+        out[p] = o;
     }
 }
 
@@ -77,18 +97,36 @@ __device__ __forceinline__ A binary_value(A a, A b) {
     if constexpr (OP == BinaryOp::Ge) return a >= b;
 }
 
+/// One element of `binary`: comparisons give 0 or 1, the rest are rounded back to T once.
+template <class T, BinaryOp OP>
+__device__ __forceinline__ typename BinaryOut<T, OP>::type binary_element(T a, T b) {
+    const typename Num<T>::acc v = binary_value<OP>(Num<T>::load(a), Num<T>::load(b));
+    if constexpr (IsComparison<OP>::value) {
+        return (u8)(v != 0);
+    } else {
+        return Num<T>::store(v);
+    }
+}
+
 template <class T, BinaryOp OP>
 __global__ void binary(const T *__restrict__ a, Strided as, const T *__restrict__ b, Strided bs,
                        typename BinaryOut<T, OP>::type *__restrict__ out, Strided os, i64 n) {
     for (i64 i = first_index(); i < n; i += grid_step()) {
-        typename Num<T>::acc x = Num<T>::load(a[position(as, i)]);
-        typename Num<T>::acc y = Num<T>::load(b[position(bs, i)]);
-        typename Num<T>::acc v = binary_value<OP>(x, y);
-        if constexpr (IsComparison<OP>::value) {
-            out[position(os, i)] = (u8)(v != 0);
-        } else {
-            out[position(os, i)] = Num<T>::store(v);
-        }
+        out[position(os, i)] = binary_element<T, OP>(a[position(as, i)], b[position(bs, i)]);
+    }
+}
+
+/// Arithmetic only: a comparison's u8 output has other packs than its operands.
+template <class T, BinaryOp OP>
+__global__ void binary_packed(const Pack16<T> *__restrict__ a, const Pack16<T> *__restrict__ b,
+                              Pack16<T> *__restrict__ out, i64 packs) {
+    static_assert(!IsComparison<OP>::value, "comparisons are not packed");
+    for (i64 p = first_index(); p < packs; p += grid_step()) {
+        const Pack16<T> ap = a[p], bp = b[p];
+        Pack16<T> o;
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) o.v[k] = binary_element<T, OP>(ap.v[k], bp.v[k]);
+        out[p] = o;
     }
 }
 

@@ -74,6 +74,23 @@ pub fn binary(dtype: DType, op: BinaryOp) -> String {
     format!("binary<{}, BinaryOp::{op:?}>", ctype(dtype))
 }
 
+/// The dtypes unary and binary ops also have `_packed` kernels for (16-byte packs): the
+/// training step's activations and gradients.
+pub const PACKED_ELEMENTWISE: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// `unary_packed`, where `dtype` has it.
+pub fn unary_packed(dtype: DType, op: UnaryOp) -> Option<String> {
+    PACKED_ELEMENTWISE
+        .contains(&dtype)
+        .then(|| format!("unary_packed<{}, UnaryOp::{op:?}>", ctype(dtype)))
+}
+
+/// `binary_packed`, where `dtype` has it and `op` writes its operands' dtype (comparisons write u8).
+pub fn binary_packed(dtype: DType, op: BinaryOp) -> Option<String> {
+    (PACKED_ELEMENTWISE.contains(&dtype) && !op.is_comparison())
+        .then(|| format!("binary_packed<{}, BinaryOp::{op:?}>", ctype(dtype)))
+}
+
 pub fn select(dtype: DType) -> String {
     format!("select<{}>", ctype(dtype))
 }
@@ -200,12 +217,14 @@ pub fn families() -> Vec<Family> {
     let mut elementwise = Vec::new();
     for &d in &floats {
         elementwise.extend(UnaryOp::ALL.iter().map(|&op| unary(d, op)));
+        elementwise.extend(UnaryOp::ALL.iter().filter_map(|&op| unary_packed(d, op)));
     }
     for d in DType::ALL {
         let ops = BinaryOp::ALL
             .iter()
             .filter(|&&op| crate::matrix::binary(op, d));
-        elementwise.extend(ops.map(|&op| binary(d, op)));
+        elementwise.extend(ops.clone().map(|&op| binary(d, op)));
+        elementwise.extend(ops.filter_map(|&op| binary_packed(d, op)));
         elementwise.push(select(d));
         elementwise.push(fill(d));
         elementwise.extend(DType::ALL.into_iter().map(|to| convert(d, to)));

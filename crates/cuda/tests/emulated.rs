@@ -8,7 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use redline_cuda::{CudaBackend, KernelArgs, LaunchShape};
-use redline_tensor::{DType, Device, Pool2dParams, Tensor};
+use redline_tensor::{BinaryOp, DType, Device, Pool2dParams, Tensor, UnaryOp};
 use redline_testkit::{run_conformance, SuiteConfig};
 
 fn device() -> Device {
@@ -112,6 +112,71 @@ fn broadcasting_strided_and_channels_last_operands() {
             let back = sum.cast(DType::F16).unwrap().cast(DType::F32).unwrap();
             Tensor::concat(&[&sum.flatten().unwrap(), &back.flatten().unwrap()], 0).unwrap()
         });
+    }
+}
+
+#[test]
+fn elementwise_ops_in_16_byte_packs_give_the_bits_of_the_element_kernels() {
+    // Every unary and arithmetic binary op over aligned operands (the `_packed` kernels, 16
+    // bytes a thread) and over the same values one element into a larger storage (off 16
+    // bytes: the element-a-thread kernels), bit for bit, both next to the reference. 4,800
+    // elements make several blocks of packs, the last one ragged; channels-last operands
+    // take the packed kernels too.
+    let d = device();
+    let n = 4_800;
+    // The same n values at element 0 or 1 of a storage of n + 1.
+    let values = |scale: f64, dtype: DType, shifted: bool| {
+        let pad = [0.0f32];
+        let v = match shifted {
+            true => [&pad[..], &ramp(n, scale)].concat(),
+            false => [&ramp(n, scale), &pad[..]].concat(),
+        };
+        let t = Tensor::from_slice(&v, &[n + 1], &d)
+            .unwrap()
+            .cast(dtype)
+            .unwrap();
+        t.narrow(0, shifted as usize, n).unwrap()
+    };
+    let same_bits = |packed: Tensor, element: Tensor, what: &str| {
+        let (p, e) = (packed.to_f64_vec().unwrap(), element.to_f64_vec().unwrap());
+        if let Some(i) = (0..n).find(|&i| p[i].to_bits() != e[i].to_bits()) {
+            panic!(
+                "{what}: [{i}] is {} packed, {} element by element",
+                p[i], e[i]
+            );
+        }
+    };
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+        for &op in UnaryOp::ALL {
+            let what = format!("{} {dtype:?}", op.name());
+            let packed = values(0.05, dtype, false).unary(op).unwrap();
+            let element = values(0.05, dtype, true).unary(op).unwrap();
+            same_bits(packed, element, &what);
+            same_as_reference(&what, tol, |d| {
+                let x = Tensor::from_slice(&ramp(n, 0.05), &[2, 8, 15, 20], d).unwrap();
+                let x = x.cast(dtype).unwrap().to_channels_last().unwrap();
+                x.unary(op).unwrap()
+            });
+        }
+        for op in BinaryOp::ALL
+            .iter()
+            .copied()
+            .filter(|op| !op.is_comparison())
+        {
+            let what = format!("{} {dtype:?}", op.name());
+            let run = |shifted| {
+                let b = values(0.03, dtype, shifted);
+                values(0.05, dtype, shifted).binary(op, &b).unwrap()
+            };
+            same_bits(run(false), run(true), &what);
+            same_as_reference(&what, tol, |d| {
+                let x = Tensor::from_slice(&ramp(n, 0.05), &[n], d).unwrap();
+                let y = Tensor::from_slice(&ramp(n, 0.03), &[n], d).unwrap();
+                let (x, y) = (x.cast(dtype).unwrap(), y.cast(dtype).unwrap());
+                x.binary(op, &y).unwrap()
+            });
+        }
     }
 }
 

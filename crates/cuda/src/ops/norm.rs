@@ -336,15 +336,8 @@ pub fn grad_coef(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::elementwise::tests::operand;
     use redline_tensor::DType;
-
-    fn operand(layout: &Layout, dtype: DType, ptr: u64) -> Operand<'_> {
-        Operand {
-            ptr: DevicePtr(ptr),
-            dtype,
-            layout,
-        }
-    }
 
     /// `shape` row-major and channels-last.
     fn both_layouts(shape: &[usize]) -> (Layout, Layout) {
