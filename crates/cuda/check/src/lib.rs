@@ -26,7 +26,8 @@
 //!    the same results, the graph's node count, and an eager step's time next to a replay's;
 //! 8. `training` — ResNet-50 (by default) in bf16 on a synthetic set made on the spot: img/s, the phase
 //!    breakdown, the host copies and synchronisations of a steady-state step, memory;
-//! 9. `speed` — ResNet-50 at 224 px, batch 256, bf16, a replayed graph, fed one pinned batch
+//! 9. `speed` — ResNet-50 at 224 px, batch 256, bf16 (`--speed-precision fp16`: fp16 with the
+//!    GradScaler, both sides), a replayed graph, fed one pinned batch
 //!    from memory, beside PyTorch at its best on the same GPU run by the same command: both
 //!    img/s, the ratio, kernels per step, achieved TFLOP/s and its share of the card's tensor
 //!    peak ([`speed`]);
@@ -43,6 +44,7 @@ use std::time::Instant;
 use redline_cuda::driver::{CudaDriver, DriverOptions};
 use redline_cuda::{compile, kernels, CudaBackend, Gpu};
 use redline_tensor::{Backend, Conv2dParams, DType, Device, Layout, NnOp, Op, OtherOp, View};
+use redline_train::Precision;
 use serde_json::{json, Map, Value};
 
 pub mod scaling;
@@ -588,7 +590,14 @@ fn nccl_captured_step(device: &Device) -> Result<Value, String> {
         let group =
             NcclCollective::new(Arc::new(SingleProcess), device, timeout).map_err(|e| err(&e))?;
         let group: Arc<dyn Collective> = Arc::new(group);
-        let (trainer, _) = bf16_resnet_trainer(device, "resnet18", speed::CLASSES, res, graph)?;
+        let (trainer, _) = amp_resnet_trainer(
+            device,
+            "resnet18",
+            speed::CLASSES,
+            res,
+            graph,
+            Precision::Bf16,
+        )?;
         let mut trainer =
             (trainer.with_data_parallel(group.clone(), 1 << 20)).map_err(|e| err(&e))?;
         let (pixels, labels) = speed::resident_batch(batch, res);
@@ -669,8 +678,14 @@ fn training(backend: &CudaBackend, device: &Device, options: &Options) -> Result
     let classes = 10;
     let (dir, set) = synthetic_set("check", options.batch, classes)?;
     let set = Arc::new(set);
-    let (mut trainer, _) =
-        bf16_resnet_trainer(device, &options.model, classes, options.res, options.graph)?;
+    let (mut trainer, _) = amp_resnet_trainer(
+        device,
+        &options.model,
+        classes,
+        options.res,
+        options.graph,
+        Precision::Bf16,
+    )?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let loader_config = Config {
         workers: cores,
@@ -771,18 +786,20 @@ pub(crate) fn synthetic_set(
     Ok((dir, set))
 }
 
-/// A ResNet (`model`, `classes` outputs) in bf16 AMP under AdamW (lr 1e-3, weight decay 0.01)
-/// on `device`, replaying a captured step after the warm-up when `graph`; with its forward
-/// multiply-accumulates per `res × res` image.
-pub(crate) fn bf16_resnet_trainer(
+/// A ResNet (`model`, `classes` outputs) under AdamW (lr 1e-3, weight decay 0.01) at
+/// `precision` (bf16 AMP in every stage but a speed stage asked for fp16, which adds the
+/// GradScaler) on `device`, replaying a captured step after the warm-up when `graph`; with its
+/// forward multiply-accumulates per `res × res` image.
+pub(crate) fn amp_resnet_trainer(
     device: &Device,
     model: &str,
     classes: usize,
     res: usize,
     graph: bool,
+    precision: Precision,
 ) -> Result<(redline_train::Trainer, u64), String> {
     use redline_nn::{named_parameters, AdamW, ParamGroup, ResNet, ResNetConfig};
-    use redline_train::{Precision, TrainConfig, Trainer};
+    use redline_train::{TrainConfig, Trainer};
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let mut config = ResNetConfig::named(model).map_err(|e| err(&e))?;
     config.num_classes = classes;
@@ -797,7 +814,7 @@ pub(crate) fn bf16_resnet_trainer(
     )
     .map_err(|e| err(&e))?;
     let train = TrainConfig {
-        precision: Precision::Bf16,
+        precision,
         label_smoothing: 0.0,
         clip_norm: None,
         base_lr: 1e-3,

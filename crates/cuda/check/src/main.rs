@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use redline_gpu_check::scaling::{RankOptions, ScaleOptions};
 use redline_gpu_check::speed::SpeedOptions;
 use redline_gpu_check::Options;
+use redline_train::Precision;
 
 /// Proves the CUDA backend on GPU 0: device and libraries, conformance, AMP, our own kernels,
 /// wgpu on the NVIDIA adapter and a training run, with a JSON report written as it goes.
@@ -55,6 +56,9 @@ struct Cli {
     /// The speed stage's batch (both sides).
     #[arg(long, default_value_t = SpeedOptions::default().batch)]
     speed_batch: usize,
+    /// The speed stage's precision (both sides): bf16, or fp16 with a GradScaler on both.
+    #[arg(long, default_value = "bf16", value_parser = half_precision)]
+    speed_precision: Precision,
     /// The speed stage's warm-up steps (both sides).
     #[arg(long, default_value_t = SpeedOptions::default().warmup)]
     speed_warmup: usize,
@@ -77,6 +81,17 @@ struct Cli {
     /// The scaling stage's steps run eagerly (on both sides) instead of replaying a graph.
     #[arg(long)]
     scale_eager: bool,
+}
+
+/// `--speed-precision`: an AMP precision (the speed stage compares mixed-precision steps).
+fn half_precision(s: &str) -> Result<Precision, String> {
+    match s {
+        "bf16" => Ok(Precision::Bf16),
+        "fp16" => Ok(Precision::Fp16),
+        other => Err(format!(
+            "{other:?}: the speed stage runs bf16 or fp16 autocast"
+        )),
+    }
 }
 
 #[derive(Subcommand)]
@@ -148,6 +163,7 @@ fn main() -> ExitCode {
         speed: SpeedOptions {
             steps: cli.speed_steps,
             batch: cli.speed_batch,
+            precision: cli.speed_precision,
             warmup: cli.speed_warmup,
             vs_compile: cli.vs_compile,
             ..SpeedOptions::default()

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use redline_dist::{connect_device, timeout_from_env, Launch, DEFAULT_BUCKET_BYTES};
 use redline_loader::Resident;
 use redline_tensor::Device;
+use redline_train::Precision;
 use serde_json::{json, Value};
 
 use crate::speed::{resident_batch, timed_steps, CLASSES};
@@ -121,7 +122,8 @@ pub fn rank(o: &RankOptions) -> Result<Value, String> {
     let timeout = timeout_from_env().map_err(|e| err(&e))?;
     let collective = connect_device(&launch, &device, timeout).map_err(|e| err(&e))?;
     let graph = !o.eager;
-    let (mut trainer, _) = crate::bf16_resnet_trainer(&device, &o.model, CLASSES, o.res, graph)?;
+    let (mut trainer, _) =
+        crate::amp_resnet_trainer(&device, &o.model, CLASSES, o.res, graph, Precision::Bf16)?;
     if launch.world > 1 {
         trainer = trainer
             .with_data_parallel(collective.clone(), DEFAULT_BUCKET_BYTES)

@@ -1,7 +1,8 @@
 //! Stage 9, `speed`: ResNet training throughput beside PyTorch's on the same device, both sides
 //! run by this one command so correctness and speed fit one short GPU window.
 //!
-//! Same model, resolution, batch, precision (bf16) and classes (1,000) on both sides, both fed
+//! Same model, resolution, batch, precision (bf16; fp16 with `--speed-precision fp16`, which adds
+//! the GradScaler on both sides) and classes (1,000) on both sides, both fed
 //! one u8 NHWC batch resident in pinned host memory — copied to the device and normalised there
 //! every step, no decoding. img/s on both sides = images ÷ wall time between two
 //! synchronisations, after a warm-up that absorbs cuDNN's algorithm search, graph capture and
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use redline_loader::Resident;
 use redline_tensor::Device;
-use redline_train::{Phase, Summary, GRAPH_WARMUP_STEPS};
+use redline_train::{Phase, Precision, Summary, GRAPH_WARMUP_STEPS};
 use serde_json::{json, Value};
 
 /// What the stage measures.
@@ -30,6 +31,8 @@ pub struct SpeedOptions {
     pub model: String,
     pub res: usize,
     pub batch: usize,
+    /// bf16 or fp16 autocast (fp16 with a GradScaler), both sides.
+    pub precision: Precision,
     /// Warm-up steps on each side (ours runs at least the graph warm-up and the capture).
     pub warmup: usize,
     /// Measured steps on each side; 0 skips the stage.
@@ -53,6 +56,7 @@ impl Default for SpeedOptions {
             model: "resnet50".into(),
             res: 224,
             batch: 256,
+            precision: Precision::Bf16,
             warmup: 10,
             steps: 30,
             graph: true,
@@ -146,7 +150,7 @@ fn measure(
 ) -> Result<Value, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let (mut trainer, macs) =
-        crate::bf16_resnet_trainer(device, &o.model, CLASSES, o.res, o.graph)?;
+        crate::amp_resnet_trainer(device, &o.model, CLASSES, o.res, o.graph, o.precision)?;
     let gmac = macs as f64 / 1e9;
     let warmup = match o.graph {
         true => o.warmup.max(GRAPH_WARMUP_STEPS + 1),
@@ -192,8 +196,20 @@ fn measure(
     // Training is about three forwards: the forward, and a backward of twice its work.
     let tflops = img_per_s * gmac * 2.0 * 3.0 / 1e3;
     let stats = trainer.graph_stats();
+    // fp16's loss scale after the measured steps (read once, after the last synchronisation):
+    // below the initial 65,536 when steps overflowed and were skipped.
+    let loss_scale = match trainer.scaler() {
+        Some(scaler) => json!(scaler.state()[0]
+            .1
+            .to_f64_vec()
+            .map_err(|e| err(&e))?
+            .first()),
+        None => json!(null),
+    };
     Ok(json!({
         "img_per_s": img_per_s,
+        "precision": o.precision.to_string(),
+        "loss_scale": loss_scale,
         "seconds": seconds,
         "steps": o.steps,
         "warmup": warmup,
@@ -292,7 +308,7 @@ pub fn pytorch(o: &SpeedOptions, device: &str) -> Result<Value, String> {
             "--model",
             &o.model,
             "--precision",
-            "bf16",
+            &o.precision.to_string(),
             "--device",
             device,
         ])
@@ -356,11 +372,11 @@ pub fn stage(device: &Device, device_name: &str, o: &SpeedOptions) -> Result<Val
     let ours = ours(device, o)?;
     let ours_ips = ours["img_per_s"].as_f64().unwrap_or(f64::NAN);
     eprintln!(
-        "gpu-check: speed: redline {:.0} img/s ({} {}px, batch {}, bf16)",
-        ours_ips, o.model, o.res, o.batch
+        "gpu-check: speed: redline {:.0} img/s ({} {}px, batch {}, {})",
+        ours_ips, o.model, o.res, o.batch, o.precision
     );
     let mut report = json!({
-        "model": o.model, "res": o.res, "batch": o.batch, "precision": "bf16",
+        "model": o.model, "res": o.res, "batch": o.batch, "precision": o.precision.to_string(),
         "data": "one u8 NHWC batch resident in pinned host memory, copied and normalised on the device every step",
         "redline": ours,
     });
@@ -431,6 +447,11 @@ mod tests {
         assert!(report["img_per_s"].as_f64().unwrap() > 0.0, "{report}");
         assert!(report["loss"].as_f64().unwrap().is_finite(), "{report}");
         assert_eq!(report["steps"], 2);
+        assert_eq!(report["precision"], "bf16", "{report}");
+        assert!(
+            report["loss_scale"].is_null(),
+            "bf16 has no scaler: {report}"
+        );
         // The host's time issuing the steps: all of it on the CPU, which runs them as issued.
         assert!(
             report["host_ms_per_step"].as_f64().unwrap() > 0.0,
@@ -477,6 +498,24 @@ mod tests {
         assert_eq!(theirs["fused_adamw"], true);
         assert_eq!(theirs["channels_last"], true);
         assert_eq!(theirs["batch"], 2);
+    }
+
+    /// `--speed-precision fp16`: our step runs with the GradScaler and reports its loss scale
+    /// after the measured steps; PyTorch's side is asked for fp16 (its GradScaler) too.
+    #[test]
+    fn an_fp16_stage_runs_with_a_grad_scaler_on_both_sides() {
+        let o = SpeedOptions {
+            precision: Precision::Fp16,
+            ..tiny()
+        };
+        let report = ours(&redline_cpu::CpuBackend::device(), &o).unwrap();
+        assert_eq!(report["precision"], "fp16", "{report}");
+        assert!(report["loss"].as_f64().unwrap().is_finite(), "{report}");
+        let scale = report["loss_scale"].as_f64().unwrap();
+        assert!(scale > 0.0 && scale <= 65_536.0, "{report}");
+        let theirs = pytorch(&o, "cpu").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(theirs["precision"], "fp16", "{theirs}");
+        assert!(theirs["eager"]["img_per_s"].as_f64().unwrap() > 0.0);
     }
 
     /// A loss that diverges (a learning rate of 1e9 here; once seen at the default under load)
