@@ -204,6 +204,7 @@ fn run() -> Res<()> {
     // late, and the loss shown is read asynchronously, one report late.
     let mut times = Vec::new();
     let mut last_loss = f64::NAN;
+    let mut loss_read = false;
     let mut loss_in_flight = None;
     let mut steps = 0;
     loop {
@@ -217,10 +218,16 @@ fn run() -> Res<()> {
         if steps % 5 == 0 || done {
             if let Some(loss) = loss_in_flight.replace(step.loss.to_vec_async::<f32>()?) {
                 last_loss = loss.wait()?.first().map_or(f64::NAN, |&l| f64::from(l));
+                loss_read = true;
             }
             let s = Summary::new(&times, batch);
+            // Until the first asynchronous read lands there is no loss to show (not a NaN).
+            let loss = match loss_read {
+                true => format!("{last_loss:.3}"),
+                false => "pending".into(),
+            };
             eprint!(
-                "\r  step {steps:>4}  {:>7.2} img/s  loss {last_loss:.3}  {:.0} s ",
+                "\r  step {steps:>4}  {:>7.2} img/s  loss {loss}  {:.0} s ",
                 s.images_per_sec,
                 started.elapsed().as_secs_f64()
             );
