@@ -19,7 +19,7 @@ use redline_tensor::DType;
 use crate::gemm::{BlasMatrix, GemmPlan};
 use crate::gpu::DevicePtr;
 use crate::libs::{self, LibReport};
-use crate::plans::PlanCache;
+use crate::plans::{Declined, PlanCache};
 
 /// cuBLAS's recommended workspace on Hopper and Blackwell.
 pub const WORKSPACE_BYTES: usize = 32 << 20;
@@ -86,6 +86,16 @@ fn status(what: &str, e: impl std::fmt::Debug) -> String {
     format!("cuBLASLt {what}: {e:?}")
 }
 
+/// Whether a failed call's status says the plan is not for cuBLASLt (an unsupported or invalid
+/// parameter, or none for this architecture) rather than that the call failed.
+fn not_for_cublaslt(e: &result::CublasError) -> bool {
+    use sys::cublasStatus_t::*;
+    matches!(
+        e.0,
+        CUBLAS_STATUS_NOT_SUPPORTED | CUBLAS_STATUS_INVALID_VALUE | CUBLAS_STATUS_ARCH_MISMATCH
+    )
+}
+
 /// Sets attribute `attr` of descriptor `obj` to `value` through cuBLASLt's setter `set` (`T` is
 /// the attribute's type in cuBLASLt's table).
 unsafe fn attr<O, A, T>(
@@ -109,6 +119,13 @@ impl CublasLt {
     pub fn load() -> Result<Self, String> {
         let file = format!("libcublasLt.so.{}", libs::CUDA_MAJOR);
         let report = libs::load_for_cudarc(&file).map_err(|e| e.to_string())?;
+        // cudarc opens its own handle (the unversioned name first): a stray copy it would call
+        // into is refused before the first call.
+        // SAFETY: opening the library runs no code of ours; a missing one panics, caught.
+        libs::catch_panic("loading cuBLASLt", || {
+            unsafe { sys::culib() };
+        })?;
+        libs::check_single_copy(&report.path, "libcublasLt.so")?;
         let handle = libs::catch_panic("cublasLtCreate", result::create_handle)?
             .map_err(|e| status("create", e))?;
         // SAFETY: the library is loaded (above); cublasLtGetVersion takes no arguments.
@@ -122,7 +139,6 @@ impl CublasLt {
             ),
             ..report
         };
-        libs::check_single_copy(&report.path, "libcublasLt.so")?;
         Ok(Self {
             handle,
             report,
@@ -242,15 +258,17 @@ impl CublasLt {
     }
 
     /// Enqueues `d = op(a) · op(b)` on `stream` (pointers at each operand's first element).
-    /// `false`: cuBLASLt refused this plan (no algorithm, or the call failed; see
-    /// [`CublasLt::refusals`]) and nothing was enqueued — the caller runs its own kernel.
+    /// [`Declined::Refused`]: cuBLASLt does not take this plan (no algorithm, or a call it
+    /// rejects as not for it outside a capture; see [`CublasLt::refusals`]) — the caller runs
+    /// its own kernel. [`Declined::Failed`]: the call failed. Nothing was enqueued either way.
     pub fn gemm(
         &self,
         plan: &GemmPlan,
         [a, b, d]: [DevicePtr; 3],
         workspace: DevicePtr,
         stream: cudarc::driver::sys::CUstream,
-    ) -> bool {
+        capturing: bool,
+    ) -> Result<(), Declined> {
         let align = [alignment(a), alignment(b), alignment(d)];
         // Offsets are in the pointers already; they must not multiply the cache's entries.
         let mut key = (*plan, align);
@@ -261,7 +279,7 @@ impl CublasLt {
             .plans
             .get_or_prepare(&key, || self.prepare(plan, align))
         else {
-            return false;
+            return Err(Declined::Refused);
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let ptr = |x: DevicePtr| x.0 as *mut c_void;
@@ -275,13 +293,11 @@ impl CublasLt {
                 &p.algo, ptr(workspace), WORKSPACE_BYTES, stream as sys::cudaStream_t,
             )
         };
-        match called {
-            Ok(()) => true,
-            Err(e) => {
-                self.plans.refuse(&key, status("matmul", e));
-                false
-            }
-        }
+        called.map_err(|e| {
+            let why = status("matmul", e);
+            self.plans
+                .decline(&key, why, not_for_cublaslt(&e), capturing)
+        })
     }
 
     /// The plans cuBLASLt refused so far, with why (our kernel runs them).
@@ -301,6 +317,16 @@ impl Drop for CublasLt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsupported_or_invalid_parameters_refuse_a_plan_and_other_failures_do_not() {
+        use sys::cublasStatus_t::*;
+        let not_for_it = |s| not_for_cublaslt(&result::CublasError(s));
+        assert!(not_for_it(CUBLAS_STATUS_NOT_SUPPORTED));
+        assert!(not_for_it(CUBLAS_STATUS_INVALID_VALUE));
+        assert!(!not_for_it(CUBLAS_STATUS_EXECUTION_FAILED));
+        assert!(!not_for_it(CUBLAS_STATUS_INTERNAL_ERROR));
+    }
 
     #[test]
     fn alignment_is_the_largest_power_of_two_up_to_256() {

@@ -27,7 +27,7 @@ use crate::algorithms::{self, AlgorithmCache, Choice};
 use crate::convolution::{ConvPlan, Direction, FilterFormat};
 use crate::gpu::DevicePtr;
 use crate::libs::{self, LibReport};
-use crate::plans::PlanCache;
+use crate::plans::{Declined, PlanCache};
 
 /// The most workspace one convolution may ask for: algorithms that want more are skipped.
 pub const WORKSPACE_CAP: usize = 1 << 30;
@@ -180,6 +180,15 @@ fn status(what: &str, e: impl std::fmt::Debug) -> String {
     format!("cuDNN {what}: {e:?}")
 }
 
+/// Whether a failed call's status says the plan is not for cuDNN — a bad or unsupported
+/// parameter (cuDNN 9's `BAD_PARAM*` and `NOT_SUPPORTED*` families) — rather than that the call
+/// failed (execution, internal, a capture, the device). By name: the codes differ between
+/// cuDNN's versions of the enum.
+fn not_for_cudnn(e: &result::CudnnError) -> bool {
+    let name = format!("{:?}", e.0);
+    name.contains("_BAD_PARAM") || name.contains("_NOT_SUPPORTED")
+}
+
 fn data_type(dtype: DType) -> Option<sys::cudnnDataType_t> {
     match dtype {
         DType::F32 => Some(sys::cudnnDataType_t::CUDNN_DATA_FLOAT),
@@ -230,13 +239,19 @@ impl Cudnn {
             }
         }
         libs::load_path_for_cudarc(&main).map_err(|e| e.to_string())?;
+        // cudarc opens its own handle (the unversioned name first): a stray copy it would call
+        // into is refused before the first call.
+        // SAFETY: opening the library runs no code of ours; a missing one panics, caught.
+        libs::catch_panic("loading cuDNN", || {
+            unsafe { sys::culib() };
+        })?;
+        libs::check_single_copy(&main, "libcudnn.so")?;
         let handle = libs::catch_panic("cudnnCreate", result::create_handle)?
             .map_err(|e| status("create", e))?;
         // SAFETY: a handle just made; the stream belongs to the current context.
         unsafe { result::set_stream(handle, stream as sys::cudaStream_t) }
             .map_err(|e| status("set stream", e))?;
         let v = result::get_version();
-        libs::check_single_copy(&main, "libcudnn.so")?;
         let version = format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
         let measured = match choosing {
             Choosing::Heuristic => None,
@@ -483,16 +498,18 @@ impl Cudnn {
     }
 
     /// Enqueues the plan with cuDNN's `x`, `w` and `y` at `[x, w, y]` (first elements) and a
-    /// workspace of at least [`Cudnn::workspace_for`] bytes. A call cuDNN rejects refuses the
-    /// plan from then on (the error says why; nothing was enqueued).
+    /// workspace of at least [`Cudnn::workspace_for`] bytes. A call cuDNN rejects as not for it
+    /// refuses the plan from then on, unless a capture runs (`capturing`); any other failure is
+    /// [`Declined::Failed`] (nothing was enqueued either way).
     pub fn run(
         &self,
         plan: &ConvPlan,
         [x, w, y]: [DevicePtr; 3],
         workspace: DevicePtr,
-    ) -> Result<(), String> {
-        // Prepared by `workspace_for` already; never measured here.
-        let p = self.prepared(plan, false)?;
+        capturing: bool,
+    ) -> Result<(), Declined> {
+        // Prepared by `workspace_for` already (an error here: refused before); never measured.
+        let p = self.prepared(plan, false).map_err(|_| Declined::Refused)?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (one, zero) = (
             (&alpha as *const f32).cast::<c_void>(),
@@ -515,12 +532,9 @@ impl Cudnn {
                     h, one, p.x, ptr(x), p.y, ptr(y), c, a, ws.0, ws.1, zero, p.w, ptr(w)),
             }
         };
-        // A call cuDNN rejects enqueued nothing: the plan is refused from now on (our kernels
-        // run it) and the reason is kept for the report.
         enqueued.map_err(|e| {
             let why = status(&format!("{:?}", plan.direction), e);
-            self.plans.refuse(plan, why.clone());
-            why
+            self.plans.decline(plan, why, not_for_cudnn(&e), capturing)
         })
     }
 }
@@ -537,6 +551,16 @@ impl Drop for Cudnn {
 mod tests {
     use super::*;
     use sys::{cudnnDeterminism_t as Det, cudnnMathType_t as Math, cudnnStatus_t as Status};
+
+    #[test]
+    fn bad_or_unsupported_parameters_refuse_a_plan_and_other_failures_do_not() {
+        let not_for_it = |s| not_for_cudnn(&result::CudnnError(s));
+        assert!(not_for_it(Status::CUDNN_STATUS_BAD_PARAM));
+        assert!(not_for_it(Status::CUDNN_STATUS_NOT_SUPPORTED));
+        assert!(!not_for_it(Status::CUDNN_STATUS_EXECUTION_FAILED));
+        assert!(!not_for_it(Status::CUDNN_STATUS_INTERNAL_ERROR));
+        assert!(!not_for_it(Status::CUDNN_STATUS_NOT_INITIALIZED));
+    }
 
     #[test]
     fn cached_names_read_back_as_the_same_algorithm_in_their_direction_only() {

@@ -11,7 +11,7 @@
 //! Not yet run on a GPU: written against cudarc 0.19's API and compiled in CI; the GPU check
 //! (`gpu-check`) that proves it is still to come.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +30,7 @@ use crate::gpu::{Captured, CudaGraph, DevicePtr, Gpu, GpuEvent, KernelArgs, Laun
 use crate::kernels;
 use crate::libs::{self, LibError};
 use crate::nvrtc::Nvrtc;
+use crate::plans::Declined;
 use crate::stream::{Clock, InFlight, PinnedAllocator, Staging};
 
 /// Why there is no CUDA device here: an ordinary answer, never a panic.
@@ -169,6 +170,24 @@ struct Blas {
     workspace: DevicePtr,
 }
 
+/// The CUDA version whose bindings this build calls (cudarc's version feature): an older
+/// driver lacks some of their entry points, and the libraries and CUBINs of that CUDA need it.
+const BUILT_FOR_CUDA: i32 = match cfg!(feature = "cuda-13000") {
+    true => 13000,
+    false => 12080,
+};
+
+/// Why a driver of CUDA `version` (cuDriverGetVersion's 1000 · major + 10 · minor) is refused.
+fn too_old(version: i32) -> String {
+    let v = |n: i32| format!("{}.{}", n / 1000, n % 1000 / 10);
+    format!(
+        "the NVIDIA driver supports CUDA {}; this build needs CUDA {} or newer (a driver that \
+         supports it, or a build for CUDA 12.8: --no-default-features --features cuda-12080)",
+        v(version),
+        v(BUILT_FOR_CUDA)
+    )
+}
+
 /// One CUDA device.
 pub struct CudaDriver {
     ctx: Arc<CudaContext>,
@@ -186,6 +205,16 @@ pub struct CudaDriver {
     /// need; the lock is held while a call that uses it is enqueued).
     dnn: OnceLock<Result<Cudnn, String>>,
     dnn_workspace: Mutex<(DevicePtr, usize)>,
+    /// Blocks never freed while this driver lives, because a captured graph may use them: cuDNN
+    /// workspaces outgrown (a graph holds the address it was captured with; freeing the block
+    /// would let the pool hand it out while replays still write to it), and blocks freed while
+    /// a capture runs (a free there would be a graph free node, which the driver accepts only
+    /// for graph allocations). Workspaces grow by powers of two, so they hold less than the
+    /// last one's size.
+    retired: Mutex<Vec<DevicePtr>>,
+    /// Blocks allocated with `cuMemAlloc` (during a capture: not stream-ordered), which
+    /// `cuMemFreeAsync` does not take: freed with `cuMemFree` after the stream's work.
+    unordered: Mutex<HashSet<u64>>,
     options: DriverOptions,
     clock: Mutex<Clock>,
     in_flight: InFlight,
@@ -235,6 +264,9 @@ impl CudaDriver {
         let mut driver_version = 0;
         // SAFETY: an out-parameter.
         unsafe { sys::cuDriverGetVersion(&mut driver_version) };
+        if driver_version < BUILT_FOR_CUDA {
+            return Err(Unavailable::Failed(too_old(driver_version)));
+        }
         let info = DeviceInfo {
             ordinal,
             name: ctx.name().map_err(|e| fail("device name", e.0))?,
@@ -259,6 +291,8 @@ impl CudaDriver {
             blas: OnceLock::new(),
             dnn: OnceLock::new(),
             dnn_workspace: Mutex::new((DevicePtr(0), 0)),
+            retired: Mutex::new(Vec::new()),
+            unordered: Mutex::new(HashSet::new()),
             options,
             clock: Mutex::new(Clock::default()),
             in_flight: InFlight::default(),
@@ -360,9 +394,10 @@ impl CudaDriver {
             .map_err(|e| e.clone())
     }
 
-    /// After a library call: under `REDLINE_CUDA_LAUNCH_BLOCKING` wait, naming `what` on failure.
+    /// After a library call: under `REDLINE_CUDA_LAUNCH_BLOCKING` wait, naming `what` on failure
+    /// (not while capturing: nothing ran, and a wait would invalidate the capture).
     fn after(&self, what: &str) -> Result<()> {
-        if self.options.launch_blocking {
+        if self.options.launch_blocking && !self.capturing.load(Ordering::Acquire) {
             self.stream
                 .synchronize()
                 .map_err(|e| self.error(&format!("{what} failed"), e))?;
@@ -423,9 +458,14 @@ impl Gpu for CudaDriver {
             // Not stream-ordered while capturing: an allocation node would tie the block to
             // the graph's launches; the caching allocator gives it to the graph instead.
             // SAFETY: a plain device allocation (allowed in relaxed capture mode).
-            return unsafe { result::malloc_sync(bytes.max(1)) }
+            let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
                 .map(DevicePtr)
-                .map_err(|e| self.error(&format!("allocating {bytes} bytes"), e));
+                .map_err(|e| self.error(&format!("allocating {bytes} bytes"), e))?;
+            self.unordered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(ptr.0);
+            return Ok(ptr);
         }
         // SAFETY: stream-ordered allocation on this context's stream.
         unsafe { result::malloc_async(self.stream.cu_stream(), bytes.max(1)) }
@@ -434,9 +474,35 @@ impl Gpu for CudaDriver {
     }
 
     fn free(&self, ptr: DevicePtr) {
-        if self.bind().is_ok() {
-            // SAFETY: `ptr` came from `alloc`; freed after every launch using it was enqueued.
-            let _ = unsafe { result::free_async(ptr.0, self.stream.cu_stream()) };
+        if self.capturing.load(Ordering::Acquire) {
+            // The caching allocator gives nothing back while capturing; anything else freed
+            // now may be read by the graph: kept (see `retired`).
+            self.retired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(ptr);
+            return;
+        }
+        if let Err(e) = self.bind() {
+            eprintln!("redline-cuda: not freeing {:#x}: {e}", ptr.0);
+            return;
+        }
+        let unordered = self
+            .unordered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ptr.0);
+        // SAFETY: `ptr` came from `alloc`; every launch using it was enqueued before this free,
+        // and a `cuMemAlloc` block is freed only once the stream has run them.
+        let freed = match unordered {
+            true => self
+                .stream
+                .synchronize()
+                .and_then(|()| unsafe { result::free_sync(ptr.0) }),
+            false => unsafe { result::free_async(ptr.0, self.stream.cu_stream()) },
+        };
+        if let Err(e) = freed {
+            eprintln!("redline-cuda: freeing {:#x} failed: {e:?}", ptr.0);
         }
     }
 
@@ -490,12 +556,16 @@ impl Gpu for CudaDriver {
             return Ok(false);
         };
         self.bind()?;
-        // A plan cuBLASLt refuses runs on our kernel (the refusal is kept for the report).
-        if !blas
+        let capturing = self.capturing.load(Ordering::Acquire);
+        let stream = self.stream.cu_stream();
+        match blas
             .lt
-            .gemm(plan, operands, blas.workspace, self.stream.cu_stream())
+            .gemm(plan, operands, blas.workspace, stream, capturing)
         {
-            return Ok(false);
+            Ok(()) => {}
+            // Our kernel runs a plan cuBLASLt does not take (the refusal is in the report).
+            Err(Declined::Refused) => return Ok(false),
+            Err(Declined::Failed(why)) => return Err(self.error("cuBLASLt matmul", why)),
         }
         self.after("cuBLASLt matmul")?;
         Ok(true)
@@ -505,28 +575,34 @@ impl Gpu for CudaDriver {
         let Ok(dnn) = self.dnn() else {
             return Ok(false);
         };
+        // cuDNN's queries and Find run in the context current on this thread.
+        self.bind()?;
         // A plan cuDNN refuses runs on our kernels (the refusal is kept for the report).
         // Find allocates and synchronises: never while a graph is captured.
-        let may_measure = !self.capturing.load(Ordering::Acquire);
-        let Ok(needed) = dnn.workspace_for(plan, may_measure) else {
+        let capturing = self.capturing.load(Ordering::Acquire);
+        let Ok(needed) = dnn.workspace_for(plan, !capturing) else {
             return Ok(false);
         };
-        self.bind()?;
         let mut workspace = self.dnn_workspace.lock().unwrap_or_else(|p| p.into_inner());
         if workspace.1 < needed {
-            // Stream-ordered: the old block is freed after the calls already enqueued on it.
+            // The old block is retired, never freed: a captured graph may hold its address.
             if workspace.1 > 0 {
-                self.free(workspace.0);
+                self.retired
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(workspace.0);
             }
             *workspace = (DevicePtr(0), 0);
             let grown = needed.next_power_of_two();
             *workspace = (self.alloc(grown)?, grown);
         }
-        // A call cuDNN rejects enqueued nothing: our kernel runs it (the refusal is reported).
-        let ran = dnn.run(plan, operands, workspace.0).is_ok();
+        let ran = dnn.run(plan, operands, workspace.0, capturing);
         drop(workspace);
-        if !ran {
-            return Ok(false);
+        match ran {
+            Ok(()) => {}
+            // A call cuDNN rejects as not for it enqueued nothing: our kernels run it.
+            Err(Declined::Refused) => return Ok(false),
+            Err(Declined::Failed(why)) => return Err(self.error("cuDNN convolution", why)),
         }
         self.after("cuDNN convolution")?;
         Ok(true)
@@ -728,6 +804,19 @@ impl Gpu for CudaDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_driver_older_than_the_bindings_is_refused_naming_both_versions() {
+        let why = too_old(12040);
+        assert!(why.contains("supports CUDA 12.4"), "{why}");
+        let built = format!(
+            "needs CUDA {}.{}",
+            BUILT_FOR_CUDA / 1000,
+            BUILT_FOR_CUDA % 1000 / 10
+        );
+        assert!(why.contains(&built), "{why}");
+        assert!(why.contains("cuda-12080"), "{why}");
+    }
 
     /// On a machine without the driver (CI) this is the answer; with one, a device or the
     /// reason there is none. Either way: no panic.

@@ -89,6 +89,9 @@ pub struct Emulator {
     pads_stem: AtomicBool,
     /// End every capture with the driver's "invalidated" ([`Emulator::invalidate_captures`]).
     invalidates_captures: AtomicBool,
+    /// Blocks freed while a capture ran: kept, and the capture fails at its end — the driver
+    /// takes a free then only for memory the graph itself allocated, which ours never is.
+    freed_in_capture: Mutex<Vec<u64>>,
 }
 
 impl std::fmt::Debug for Emulator {
@@ -270,6 +273,7 @@ impl Emulator {
             capture: Mutex::new(None),
             pads_stem: AtomicBool::new(false),
             invalidates_captures: AtomicBool::new(false),
+            freed_in_capture: Mutex::new(Vec::new()),
         })
     }
 
@@ -400,6 +404,18 @@ impl Gpu for Emulator {
     }
 
     fn free(&self, ptr: DevicePtr) {
+        let capturing = self
+            .capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if capturing {
+            self.freed_in_capture
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(ptr.0);
+            return;
+        }
         self.allocations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -455,6 +471,19 @@ impl Gpu for Emulator {
             .unwrap_or_else(|p| p.into_inner())
             .take())
         .ok_or_else(|| error("no capture to end"))?;
+        let freed = std::mem::take(
+            &mut *self
+                .freed_in_capture
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        if !freed.is_empty() {
+            return Err(error(format!(
+                "the capture was invalidated: {} device block(s) freed while capturing (the \
+                 driver frees only the graph's own allocations then)",
+                freed.len()
+            )));
+        }
         if self.invalidates_captures.load(Ordering::Relaxed) {
             return Err(error(format!(
                 "the capture was invalidated ({} launches recorded; as told to)",

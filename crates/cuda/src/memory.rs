@@ -252,7 +252,12 @@ impl MemoryPool {
         self.empty_cache_locked(&mut state);
     }
 
+    /// Not while a capture runs: the driver takes no free of ordinary memory then (it would be
+    /// a graph free node), and the cache must survive the capture's out-of-memory error.
     fn empty_cache_locked(&self, state: &mut State) {
+        if state.capture.is_some() {
+            return;
+        }
         for (class, ptrs) in std::mem::take(&mut state.free) {
             for ptr in ptrs {
                 self.gpu.free(ptr);

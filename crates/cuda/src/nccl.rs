@@ -451,6 +451,9 @@ fn watchdog(watched: Weak<Inner>) {
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.broken.get_mut().map_or(true, |b| b.is_none()) {
+            // Collectives replayed inside a graph run on the compute stream, not this one: the
+            // whole context's work must finish before the communicator goes.
+            let _ = self.ctx.synchronize();
             let _ = self.stream.synchronize();
             // SAFETY: the communicator's work has finished; it is not used again.
             unsafe { (self.nccl.f.comm_destroy)(self.comm) };

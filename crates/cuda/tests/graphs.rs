@@ -193,3 +193,35 @@ fn a_block_freed_during_a_capture_joins_that_graph_whatever_owned_it_before() {
         assert_eq!(e.to_vec::<f32>().unwrap(), vec![-5.0; 256]);
     }
 }
+
+/// At the memory cap inside a capture the caching allocator keeps its cache: the driver takes
+/// no free of ordinary memory while capturing (the emulator fails such a capture, as a GPU
+/// would; there the frees failed unseen and the cache leaked). The op's out-of-memory error
+/// ends the capture, and the cached block serves the eager request after it.
+#[test]
+fn the_memory_cap_inside_a_capture_is_an_error_and_the_cache_survives_it() {
+    let emulator = Arc::new(redline_cuda::Emulator::new().unwrap());
+    let backend = Arc::new(CudaBackend::with_memory_cap(emulator, Some(8192)));
+    let device = Device::new(backend.clone());
+    drop(Tensor::full(1.0, &[1024], DType::F32, &device).unwrap()); // 4 KiB, now cached
+    let before = backend.memory_stats();
+    assert_eq!((before.in_use, before.reserved), (0, 4096), "{before}");
+    // 6 KiB beside the cached 4 KiB passes the 8 KiB cap; outside a capture the cache would
+    // be given back first.
+    let err = device
+        .capture(|| Tensor::full(2.0, &[1536], DType::F32, &device))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("out of memory"), "{err}");
+    assert!(!err.contains("freed while capturing"), "{err}");
+    let after = backend.memory_stats();
+    assert_eq!(after.reserved, 4096, "{after}");
+    let t = Tensor::full(3.0, &[1024], DType::F32, &device).unwrap();
+    let reused = backend.memory_stats();
+    assert_eq!(
+        reused.device_allocations, after.device_allocations,
+        "{reused}"
+    );
+    assert_eq!(t.to_vec::<f32>().unwrap(), vec![3.0; 1024]);
+}

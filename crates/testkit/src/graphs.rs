@@ -1,14 +1,16 @@
 //! The capture contract ([`Device::capture`]): a training step captured once and replayed
 //! equals the same steps run eagerly — with new inputs copied into the step's static buffers
 //! and the learning rate changed between replays, and eager tensors of every size alive across
-//! each replay (the graph's memory must stay the graph's). That holds only if nothing in the
-//! step is decided on the host or baked into a launch.
+//! each replay (the graph's memory must stay the graph's), and an eager convolution far larger
+//! than the step's between replays (a library that grows its workspace for it must leave the
+//! block the graph captured alive). That holds only if nothing in the step is decided on the
+//! host or baked into a launch.
 
 use std::time::Instant;
 
 use redline_amp::GradScaler;
 use redline_nn::{named_parameters, state_dict, Module, Optimizer, ParamGroup, Sequential, Sgd};
-use redline_tensor::{DType, Device, Result, Tensor};
+use redline_tensor::{Conv2dParams, DType, Device, Result, Tensor};
 
 use crate::training::tiny_cnn;
 
@@ -101,6 +103,24 @@ fn batch(k: usize) -> (Vec<f32>, Vec<i64>) {
     (pixels, vec![(k % 3) as i64, ((k + 1) % 3) as i64])
 }
 
+/// A 3×3 convolution of 16 channels at 16² over 2 images, eager, kept alive by the caller:
+/// larger than any of the step's, so a library may grow its workspace for it (and a freed old
+/// one could be handed out for this very output while replays still write it).
+fn bystander_conv(device: &Device) -> Result<Tensor> {
+    let ramp = |n: usize| {
+        (0..n)
+            .map(|i| (i % 13) as f32 / 13.0 - 0.5)
+            .collect::<Vec<_>>()
+    };
+    let x = Tensor::from_slice(&ramp(2 * 16 * 16 * 16), &[2, 16, 16, 16], device)?;
+    let w = Tensor::from_slice(&ramp(16 * 16 * 9), &[16, 16, 3, 3], device)?;
+    let padding = Conv2dParams {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    x.conv2d(&w, None, padding)
+}
+
 fn relative(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
     let (mut worst, mut largest) = (0f64, 0f64);
     for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
@@ -143,7 +163,15 @@ pub fn check_captured_step(
         replay_ms: 0.0,
         max_relative: 0.0,
     };
+    let mut bystander: Option<(Tensor, Vec<f64>)> = None;
     for k in 0..steps {
+        if k == steps / 2 {
+            let t = bystander_conv(device).map_err(|e| err("the bystander convolution", e))?;
+            let values = t
+                .to_f64_vec()
+                .map_err(|e| err("the bystander convolution", e))?;
+            bystander = Some((t, values));
+        }
         for run in [&eager, &captured] {
             run.load(k).map_err(|e| err("loading a batch", e))?;
         }
@@ -173,6 +201,17 @@ pub fn check_captured_step(
             if values.iter().any(|&v| v != n as f32) {
                 return Err(format!(
                     "step {k}: a replay wrote an eager tensor of {n} elements"
+                ));
+            }
+        }
+        if let Some((t, values)) = &bystander {
+            if t.to_f64_vec()
+                .map_err(|e| err("the bystander convolution", e))?
+                != *values
+            {
+                return Err(format!(
+                    "step {k}: a replay wrote the output of an eager convolution made after the \
+                     capture (a library workspace the graph holds was freed and handed out?)"
                 ));
             }
         }
