@@ -36,10 +36,16 @@
 //!     alone: both img/s and the scaling efficiency ([`scaling`]).
 //!
 //! Without a GPU it says why in the JSON and exits non-zero, without a panic.
+//!
+//! A GPU window is short, so `--skip a,b` leaves stages out (the device report always runs),
+//! and a stage still running after `--stage-timeout` seconds (default 420) ends the process
+//! with exit code 124: a hung kernel or library call cannot be cancelled from the host, and
+//! the JSON then holds every stage that finished and this one marked as timed out, for a rerun
+//! that skips it.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redline_cuda::driver::{CudaDriver, DriverOptions};
 use redline_cuda::{compile, kernels, CudaBackend, Gpu};
@@ -71,7 +77,24 @@ pub struct Options {
     pub speed: speed::SpeedOptions,
     /// Data-parallel scaling over this machine's GPUs (`--nproc N`); None skips it.
     pub scaling: Option<scaling::ScaleOptions>,
+    /// Stages left out by name (of [`STAGES`]).
+    pub skip: Vec<String>,
+    /// The longest one stage may run before the process ends (see the module docs).
+    pub stage_timeout: Duration,
 }
+
+/// The stages `--skip` may name, in the order they run (the device report always runs first).
+pub const STAGES: [&str; 9] = [
+    "conformance",
+    "amp",
+    "own-kernels",
+    "wgpu",
+    "nccl",
+    "graph",
+    "training",
+    "speed",
+    "scaling",
+];
 
 impl Default for Options {
     fn default() -> Self {
@@ -87,14 +110,17 @@ impl Default for Options {
             graph: false,
             speed: speed::SpeedOptions::default(),
             scaling: None,
+            skip: Vec::new(),
+            stage_timeout: Duration::from_secs(420),
         }
     }
 }
 
-/// The JSON document, rewritten whole after every stage.
+/// The JSON document, rewritten whole after every stage (shared with the stage watchdog).
+#[derive(Clone)]
 struct Journal {
     path: PathBuf,
-    doc: Map<String, Value>,
+    doc: Arc<Mutex<Map<String, Value>>>,
 }
 
 impl Journal {
@@ -108,31 +134,35 @@ impl Journal {
         doc.insert("stages".into(), json!([]));
         Self {
             path: path.to_path_buf(),
-            doc,
+            doc: Arc::new(Mutex::new(doc)),
         }
     }
 
-    fn set(&mut self, key: &str, value: Value) {
-        self.doc.insert(key.into(), value);
+    fn doc(&self) -> std::sync::MutexGuard<'_, Map<String, Value>> {
+        self.doc.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, key: &str, value: Value) {
+        self.doc().insert(key.into(), value);
         self.flush();
     }
 
-    fn stage(&mut self, name: &str, seconds: f64, result: &Result<Value, String>) {
+    fn stage(&self, name: &str, seconds: f64, result: &Result<Value, String>) {
         let entry = match result {
             Ok(detail) => {
                 json!({"name": name, "passed": true, "seconds": seconds, "detail": detail})
             }
             Err(e) => json!({"name": name, "passed": false, "seconds": seconds, "error": e}),
         };
-        if let Some(Value::Array(stages)) = self.doc.get_mut("stages") {
+        if let Some(Value::Array(stages)) = self.doc().get_mut("stages") {
             stages.push(entry);
         }
         self.flush();
     }
 
     fn flush(&self) {
-        let text =
-            serde_json::to_string_pretty(&Value::Object(self.doc.clone())).unwrap_or_default();
+        let doc = Value::Object(self.doc().clone());
+        let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
         let partial = self.path.with_extension("json.partial");
         if std::fs::write(&partial, text).is_ok() {
             let _ = std::fs::rename(&partial, &self.path);
@@ -154,7 +184,7 @@ fn binary_sha256() -> String {
 
 /// Runs every stage; Ok(true) when all passed. Errors only for a JSON that cannot be written.
 pub fn run(options: &Options) -> bool {
-    let mut journal = Journal::new(&options.json);
+    let journal = Journal::new(&options.json);
     journal.flush();
     let started = Instant::now();
     let stages = if options.scaling.is_some() { 10 } else { 9 };
@@ -198,22 +228,27 @@ pub fn run(options: &Options) -> bool {
     let device = Device::new(backend.clone());
 
     let mut passed = true;
-    let mut stage = |journal: &mut Journal,
-                     n: usize,
-                     name: &str,
-                     f: &mut dyn FnMut() -> Result<Value, String>| {
-        eprintln!("gpu-check: stage {n}/{stages}: {name}");
-        let t = Instant::now();
-        let result = f();
-        let seconds = t.elapsed().as_secs_f64();
-        match &result {
-            Ok(_) => eprintln!("gpu-check: {name} passed in {seconds:.1}s"),
-            Err(e) => eprintln!("gpu-check: {name} FAILED in {seconds:.1}s: {e}"),
-        }
-        passed &= result.is_ok();
-        journal.stage(name, seconds, &result);
-    };
-    stage(&mut journal, 2, "conformance", &mut || {
+    journal.set("skipped", json!(options.skip));
+    let mut stage =
+        |journal: &Journal, n: usize, name: &str, f: &mut dyn FnMut() -> Result<Value, String>| {
+            if options.skip.iter().any(|s| s == name) {
+                eprintln!("gpu-check: stage {n}/{stages}: {name} skipped (--skip)");
+                return;
+            }
+            eprintln!("gpu-check: stage {n}/{stages}: {name}");
+            let t = Instant::now();
+            let watch = watch(journal, name, options.stage_timeout, started);
+            let result = f();
+            drop(watch);
+            let seconds = t.elapsed().as_secs_f64();
+            match &result {
+                Ok(_) => eprintln!("gpu-check: {name} passed in {seconds:.1}s"),
+                Err(e) => eprintln!("gpu-check: {name} FAILED in {seconds:.1}s: {e}"),
+            }
+            passed &= result.is_ok();
+            journal.stage(name, seconds, &result);
+        };
+    stage(&journal, 2, "conformance", &mut || {
         let mut report = conformance(&device, options.cases, &Op::all())?;
         redline_testkit::events::check_events(&device)?;
         report["events"] = json!("downloads ordered after an event (copy stream): right");
@@ -222,19 +257,15 @@ pub fn run(options: &Options) -> bool {
             json!("OIHW and channels-last (KRSC) weight gradients match the reference");
         Ok(report)
     });
-    stage(&mut journal, 3, "amp", &mut || {
+    stage(&journal, 3, "amp", &mut || {
         let cpu = redline_cpu::CpuBackend::device();
         redline_testkit::training::check_amp_step(&device, &cpu)
             .map(|()| json!("matches the CPU backend; overflow skipped"))
     });
-    stage(&mut journal, 4, "own-kernels", &mut || own_kernels(options));
-    stage(&mut journal, 5, "wgpu", &mut || {
-        wgpu_on_nvidia(options.cases)
-    });
-    stage(&mut journal, 6, "nccl", &mut || {
-        nccl(&device, options.emulate)
-    });
-    stage(&mut journal, 7, "graph", &mut || {
+    stage(&journal, 4, "own-kernels", &mut || own_kernels(options));
+    stage(&journal, 5, "wgpu", &mut || wgpu_on_nvidia(options.cases));
+    stage(&journal, 6, "nccl", &mut || nccl(&device, options.emulate));
+    stage(&journal, 7, "graph", &mut || {
         // cuDNN may choose other algorithms under capture: equal to rounding, not bits.
         let r = redline_testkit::graphs::check_captured_step(&device, 20, 1e-4)?;
         Ok(json!({
@@ -244,7 +275,7 @@ pub fn run(options: &Options) -> bool {
         }))
     });
     if options.steps > 0 {
-        stage(&mut journal, 8, "training", &mut || {
+        stage(&journal, 8, "training", &mut || {
             training(&backend, &device, options)
         });
     }
@@ -253,7 +284,7 @@ pub fn run(options: &Options) -> bool {
             vs_pytorch: options.speed.vs_pytorch && !options.emulate,
             ..options.speed.clone()
         };
-        stage(&mut journal, 9, "speed", &mut || {
+        stage(&journal, 9, "speed", &mut || {
             let mut report = speed::stage(&device, &name, &speed)?;
             report["memory"] = json!(backend.memory_stats().to_string());
             // The 3-channel stem run as 4 for cuDNN (REDLINE_CUDNN_PAD_STEM=0: as it is).
@@ -262,7 +293,7 @@ pub fn run(options: &Options) -> bool {
         });
     }
     if let Some(scaling) = &options.scaling {
-        stage(&mut journal, 10, "scaling", &mut || {
+        stage(&journal, 10, "scaling", &mut || {
             if options.emulate {
                 return Ok(json!({"skipped": "the host emulator is one device without NCCL"}));
             }
@@ -282,6 +313,31 @@ pub fn run(options: &Options) -> bool {
     journal.set("passed", json!(passed));
     journal.set("seconds", json!(started.elapsed().as_secs_f64()));
     passed
+}
+
+/// Ends the process if stage `name` still runs after `limit` (a hung kernel or library call
+/// cannot be cancelled from the host): the stage goes into the JSON as timed out beside those
+/// that finished, and the exit code is 124. Dropping the returned sender (the stage ended)
+/// ends the watch.
+fn watch(journal: &Journal, name: &str, limit: Duration, started: Instant) -> mpsc::Sender<()> {
+    let (done, finished) = mpsc::channel::<()>();
+    let (journal, name) = (journal.clone(), name.to_string());
+    std::thread::spawn(move || {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(limit) {
+            let why = format!(
+                "still running after {} s (--stage-timeout): the process was ended; what \
+                 finished before is above (rerun with --skip {name})",
+                limit.as_secs()
+            );
+            eprintln!("gpu-check: {name} TIMED OUT: {why}");
+            journal.stage(&name, limit.as_secs_f64(), &Err(why));
+            journal.set("timed_out", json!(name));
+            journal.set("passed", json!(false));
+            journal.set("seconds", json!(started.elapsed().as_secs_f64()));
+            std::process::exit(124);
+        }
+    });
+    done
 }
 
 fn report_device(driver: &CudaDriver) -> Value {

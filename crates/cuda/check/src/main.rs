@@ -81,6 +81,13 @@ struct Cli {
     /// The scaling stage's steps run eagerly (on both sides) instead of replaying a graph.
     #[arg(long)]
     scale_eager: bool,
+    /// Stages to leave out, by name, comma-separated (the device report always runs).
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(redline_gpu_check::STAGES))]
+    skip: Vec<String>,
+    /// The longest one stage may run, in seconds: past it the process ends (exit code 124)
+    /// with the stage marked as timed out in the JSON.
+    #[arg(long, default_value_t = Options::default().stage_timeout.as_secs())]
+    stage_timeout: u64,
 }
 
 /// `--speed-precision`: an AMP precision (the speed stage compares mixed-precision steps).
@@ -169,6 +176,8 @@ fn main() -> ExitCode {
             ..SpeedOptions::default()
         },
         scaling,
+        skip: cli.skip,
+        stage_timeout: std::time::Duration::from_secs(cli.stage_timeout),
         ..Options::default()
     };
     if redline_gpu_check::run(&options) {
