@@ -793,7 +793,13 @@ impl Gpu for CudaDriver {
     fn read_clock(&self, slots: &[usize]) -> Result<Vec<u64>> {
         self.bind()?;
         let clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
-        clock.read(slots).map_err(|e| self.error("timestamps", e))
+        let read = clock.read(slots).map_err(|e| self.error("timestamps", e));
+        // The trainer reads a step's times a few steps late, once that step is done: its
+        // batch's copy is done too, so its buffer goes back to its pool now, before the next
+        // batch asks the pool for one on this thread (else only the next upload returned it,
+        // and a pool of few buffers — a resident batch's three — could wait on itself).
+        self.in_flight.retire();
+        read
     }
 
     fn host_allocator(&self) -> Option<Arc<dyn HostAllocator>> {

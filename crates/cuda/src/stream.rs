@@ -99,13 +99,15 @@ impl InFlight {
         Ok(())
     }
 
-    /// Drops (returns to their pools) the buffers whose copies have completed.
+    /// Drops (returns to their pools) the buffers whose copies have completed — or whose
+    /// event reports an error: the context is broken then, and a buffer kept forever would
+    /// leave a loader waiting for it instead of meeting the error.
     pub fn retire(&self) {
         let done: Vec<(CudaEvent, HostBytes)> = {
             let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
             let (done, pending) = std::mem::take(&mut *copies)
                 .into_iter()
-                .partition(|(e, _)| e.is_complete());
+                .partition(|(e, _)| e.try_is_complete().unwrap_or(true));
             *copies = pending;
             done
         };

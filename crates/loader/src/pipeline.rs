@@ -6,7 +6,8 @@
 //!   pixels as little-endian i64), and sends the batch back. Workers never share a buffer, so no
 //!   slot is written by two threads, and a batch is independent of which worker built it: every
 //!   random draw is keyed by (seed, epoch, sample).
-//! * The consumer issues jobs `prefetch` batches ahead and reorders what comes back. A buffer
+//! * The consumer issues jobs `prefetch` batches ahead — at least one per worker, so every
+//!   core has a batch to build — and reorders what comes back. A buffer
 //!   returns to the pool when the consumer (or a device copy holding it) drops the [`Batch`].
 //! * Dropping the [`Loader`] mid-epoch closes the job channel and the pool and joins every
 //!   worker. A worker's error or panic reaches the consumer as an `Err`, never a hang.
@@ -51,7 +52,9 @@ pub struct Config {
     pub uneven: Uneven,
     /// Decode threads (default: every core).
     pub workers: usize,
-    /// Batches in flight ahead of the consumer (default 3).
+    /// Batches in flight ahead of the consumer (default 3), and never fewer than `workers`: a
+    /// batch is one worker's job, so fewer in flight would leave cores idle (3 of 16 at the
+    /// default, once).
     pub prefetch: usize,
     /// Drop a last, short batch.
     pub drop_last: bool,
@@ -211,6 +214,8 @@ struct Job {
 /// The loader: an iterator of batches, epoch after epoch.
 pub struct Loader {
     config: Config,
+    /// Batches kept out: `prefetch`, and at least one per worker.
+    in_flight: usize,
     order: Order,
     pool: BufferPool,
     jobs: Option<Sender<Job>>,
@@ -249,17 +254,18 @@ impl Loader {
             return bad("the shard set is empty".into());
         }
         let sample = config.res * config.res * 3;
-        let buffers = config.prefetch + 2;
-        // At most `prefetch` batches are in flight, so this never grows.
-        let pending = VecDeque::with_capacity(config.prefetch + 1);
+        let in_flight = config.prefetch.max(config.workers);
+        let buffers = in_flight + 2;
+        // At most `in_flight` batches are out, so this never grows.
+        let pending = VecDeque::with_capacity(in_flight + 1);
         let buffer_len = config.batch * (sample + 8);
         let pool = match &config.allocator {
             Some(allocator) => BufferPool::new(buffers, buffer_len, allocator.clone()),
             None => BufferPool::page_aligned(buffers, buffer_len),
         }
         .map_err(|e| LoaderError::Config(e.to_string()))?;
-        let (jobs, job_rx) = bounded::<Job>(config.prefetch);
-        let (result_tx, results) = bounded(config.prefetch + config.workers);
+        let (jobs, job_rx) = bounded::<Job>(in_flight);
+        let (result_tx, results) = bounded(in_flight + config.workers);
         let decodes = Arc::new(AtomicU64::new(0));
         let workers = (0..config.workers)
             .map(|id| {
@@ -275,6 +281,7 @@ impl Loader {
         let epoch_order = Arc::new(order.epoch(start.epoch));
         Ok(Self {
             config,
+            in_flight,
             order,
             pool,
             jobs: Some(jobs),
@@ -298,6 +305,12 @@ impl Loader {
         self.decodes.load(Ordering::Relaxed)
     }
 
+    /// Batches issued to the workers and not yet handed to the consumer (at most
+    /// `prefetch.max(workers)`).
+    pub fn batches_in_flight(&self) -> usize {
+        (self.issued - self.delivered) as usize
+    }
+
     /// Batches per epoch on this rank.
     pub fn batches_per_epoch(&self) -> usize {
         let n = self.order.per_rank();
@@ -318,10 +331,10 @@ impl Loader {
         }
     }
 
-    /// Issues jobs until `prefetch` batches are in flight.
+    /// Issues jobs until `in_flight` batches are out.
     fn top_up(&mut self) {
         let Some(jobs) = &self.jobs else { return };
-        while self.issued - self.delivered < self.config.prefetch as u64 {
+        while self.issued - self.delivered < self.in_flight as u64 {
             let per_rank = self.order.per_rank();
             let left = per_rank.saturating_sub(self.next_job.index);
             let fits = if self.config.drop_last {

@@ -268,3 +268,25 @@ fn batches_land_in_buffers_from_the_configured_allocator() {
     );
     assert_eq!(plain[0].2, pixels);
 }
+
+/// A batch is one worker's job: the loader keeps at least one per worker out whatever
+/// `prefetch` says (16 cores used to build only 3 batches at once at the default), and
+/// `prefetch` beyond that when it is larger.
+#[test]
+fn every_worker_has_a_batch_to_build_whatever_the_prefetch() {
+    let (_dir, set) = shard_set(48, &[]);
+    for (workers, prefetch, out) in [(4, 1, 4), (2, 5, 5)] {
+        let config = Config {
+            prefetch,
+            ..config(workers, true)
+        };
+        let mut loader = Loader::new(set.clone(), config, Position::default()).unwrap();
+        // The first `out` batches were issued at once; one has been handed out since.
+        loader.next().unwrap().unwrap();
+        assert_eq!(
+            loader.batches_in_flight() + 1,
+            out,
+            "{workers} workers, prefetch {prefetch}"
+        );
+    }
+}

@@ -61,6 +61,10 @@ pub struct Step {
     pub loss: Tensor,
     pub lr: f64,
     pub images: usize,
+    /// Host time this call spent waiting for the device: reading the phase times of the step
+    /// [`TIMES_LAG`] back, which keeps the host at most that far ahead. In a device-bound run
+    /// that is most of the call; the rest is issuing the step.
+    pub device_wait: std::time::Duration,
 }
 
 /// A model, its optimizer and (for f16) a GradScaler, stepping on one device.
@@ -738,6 +742,7 @@ impl Trainer {
                 .pending_times
                 .front()
                 .is_some_and(PendingTimes::is_ready);
+        let waiting = std::time::Instant::now();
         let times = match known {
             true => (self.pending_times.pop_front())
                 .map(|t| t.read(&device))
@@ -749,6 +754,7 @@ impl Trainer {
             loss: loss.detach(),
             lr,
             images,
+            device_wait: waiting.elapsed(),
         })
     }
 

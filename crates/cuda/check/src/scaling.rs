@@ -31,7 +31,7 @@ use redline_tensor::Device;
 use redline_train::Precision;
 use serde_json::{json, Value};
 
-use crate::speed::{resident_batch, timed_steps, CLASSES};
+use crate::speed::{self, resident_batch, timed_steps, CLASSES};
 
 /// What one rank trains and measures (also the `scale-rank` command's arguments).
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -130,8 +130,14 @@ pub fn rank(o: &RankOptions) -> Result<Value, String> {
             .map_err(|e| err(&e))?;
     }
     let (pixels, labels) = resident_batch(o.batch, o.res);
-    let mut batches =
-        Resident::new(pixels, labels, o.res, 3, device.host_allocator()).map_err(|e| err(&e))?;
+    let mut batches = Resident::new(
+        pixels,
+        labels,
+        o.res,
+        speed::RESIDENT_BUFFERS,
+        device.host_allocator(),
+    )
+    .map_err(|e| err(&e))?;
     for _ in 0..o.warmup {
         trainer.train_step(&mut batches).map_err(|e| err(&e))?;
     }
@@ -197,7 +203,7 @@ fn report_of(
 }
 
 /// Reads a child's whole stdout and stderr (on threads, so neither pipe fills and blocks it).
-fn drain(child: &mut Child) -> [std::thread::JoinHandle<String>; 2] {
+pub(crate) fn drain(child: &mut Child) -> [std::thread::JoinHandle<String>; 2] {
     let take = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut text = String::new();

@@ -73,8 +73,9 @@ pub(crate) const CLASSES: usize = 1000;
 
 /// Dense bf16/f16 tensor-core peaks with f32 accumulation (vendor figures, TFLOP/s), by a
 /// fragment of the device's name, the first that matches: the achieved share is reported
-/// against these. The H100's PCIe and NVL boards run lower clocks than the SXM one.
-const TENSOR_PEAKS: [(&str, f64); 6] = [
+/// against these. The PCIe and NVL boards (H100, H200) run lower clocks than the SXM ones.
+const TENSOR_PEAKS: [(&str, f64); 7] = [
+    ("H200 NVL", 835.0),
     ("H200", 989.0),
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
@@ -89,6 +90,11 @@ fn peak_for(device_name: &str) -> Option<f64> {
         .find(|(fragment, _)| device_name.contains(fragment))
         .map(|&(_, peak)| peak)
 }
+
+/// Pinned buffers behind a resident batch: the host runs up to `TIMES_LAG` steps ahead of
+/// the device, so that many copies may be in flight beside the one being filled, plus one
+/// spare (a buffer returns to the pool only once the device has read it).
+pub(crate) const RESIDENT_BUFFERS: usize = redline_train::TIMES_LAG + 3;
 
 /// A deterministic batch: pixels from a small LCG, labels cycling through the classes.
 pub(crate) fn resident_batch(batch: usize, res: usize) -> (Vec<u8>, Vec<i64>) {
@@ -107,8 +113,14 @@ pub(crate) fn resident_batch(batch: usize, res: usize) -> (Vec<u8>, Vec<i64>) {
 /// between two synchronisations.
 pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
     let (pixels, labels) = resident_batch(o.batch, o.res);
-    let mut batches = Resident::new(pixels, labels, o.res, 3, device.host_allocator())
-        .map_err(|e| e.to_string())?;
+    let mut batches = Resident::new(
+        pixels,
+        labels,
+        o.res,
+        RESIDENT_BUFFERS,
+        device.host_allocator(),
+    )
+    .map_err(|e| e.to_string())?;
     let mut report = measure(device, o, &mut batches)?;
     report["pinned_batch"] = json!(batches.is_pinned());
     Ok(report)
@@ -132,7 +144,9 @@ pub fn loader_fed(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
         let mut loader = Loader::new(std::sync::Arc::new(set), config, Default::default())
             .map_err(|e| err(&e))?;
         let mut report = measure(device, o, &mut loader)?;
-        report["data_stall"] = json!(loader.data_stall());
+        // Over the measured steps; the loader's own figure counts its cold start and warm-up.
+        report["data_stall"] = report["data_wait_share"].clone();
+        report["loader_data_stall_since_start"] = json!(loader.data_stall());
         report["loader_workers"] = json!(workers);
         report["synthetic_set_seconds"] = json!(made);
         Ok(report)
@@ -167,6 +181,7 @@ fn measure(
     let Timed {
         seconds,
         host_seconds,
+        device_wait_seconds,
         loss,
     } = timed_steps(device, &mut trainer, batches, o.steps, |step| {
         times.extend(step.times)
@@ -189,6 +204,12 @@ fn measure(
         })
         .sum();
     let device_clock = !times.is_empty() && times.iter().all(|t| t.device_clock);
+    // The measured steps' wait for batches (host timers), over their wall time: the data
+    // stall of this run alone, not of the loader's warm-up and first batch.
+    let data_wait: f64 = times
+        .iter()
+        .map(|t| t.get(Phase::DataWait).as_secs_f64())
+        .sum();
     let busy = match device_clock && times.len() == o.steps {
         true => json!(compute / seconds),
         false => json!(null),
@@ -217,7 +238,9 @@ fn measure(
         "gmac_per_image": gmac,
         "host_ms_per_step": 1e3 * host_seconds / o.steps.max(1) as f64,
         "host_share_of_wall": host_seconds / seconds,
-        "host_ms_from": "host time inside each train_step call: issuing the step (a replay: the batch's copy and one graph launch), any wait for data or the device included",
+        "host_ms_from": "host time inside each train_step call issuing the step (a replay: the batch's copy and one graph launch), a wait for data included, the wait for the device not (device_wait_ms_per_step)",
+        "device_wait_ms_per_step": 1e3 * device_wait_seconds / o.steps.max(1) as f64,
+        "data_wait_share": data_wait / seconds,
         "achieved_tflops": tflops,
         "busy_fraction": busy,
         "busy_fraction_from": "CUDA events around each step's compute (a replay: one graph launch) ÷ wall time; null without device timestamps",
@@ -238,9 +261,11 @@ fn measure(
 pub(crate) struct Timed {
     /// Wall time between the two synchronisations.
     pub seconds: f64,
-    /// Host time inside the `train_step` calls: issuing each step (a replay: the batch's copy
-    /// and one graph launch), and any wait for data or the device.
+    /// Host time inside the `train_step` calls issuing each step (a replay: the batch's copy
+    /// and one graph launch) and waiting for data, without the wait for the device.
     pub host_seconds: f64,
+    /// Host time inside them waiting for the device (`Step::device_wait`: back-pressure).
+    pub device_wait_seconds: f64,
     /// The last step's loss (NaN without steps).
     pub loss: f64,
 }
@@ -257,11 +282,12 @@ pub(crate) fn timed_steps(
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let started = Instant::now();
     let mut last = None;
-    let mut host = Duration::ZERO;
+    let (mut host, mut waited) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..steps {
         let issued = Instant::now();
         let step = trainer.train_step(batches).map_err(|e| err(&e))?;
-        host += issued.elapsed();
+        host += issued.elapsed().saturating_sub(step.device_wait);
+        waited += step.device_wait;
         last = Some(step.loss.clone());
         each(step);
     }
@@ -277,6 +303,7 @@ pub(crate) fn timed_steps(
     Ok(Timed {
         seconds,
         host_seconds: host.as_secs_f64(),
+        device_wait_seconds: waited.as_secs_f64(),
         loss,
     })
 }
@@ -340,7 +367,9 @@ pub fn pytorch(o: &SpeedOptions, device: &str) -> Result<Value, String> {
     serde_json::from_str(last).map_err(|e| format!("{}: no JSON report ({e})", script.display()))
 }
 
-/// Runs `cmd` to completion, killing it after `timeout`.
+/// Runs `cmd` to completion, killing it after `timeout`. Its stdout and stderr are read on
+/// threads as it runs: a child writing more than a pipe holds (warnings, compile logs) would
+/// otherwise block until the timeout killed it.
 fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<std::process::Output, String> {
     use std::process::Stdio;
     let mut child = cmd
@@ -348,10 +377,11 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<std::process:
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("could not start it: {e}"))?;
+    let [stdout, stderr] = crate::scaling::drain(&mut child);
     let started = Instant::now();
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => return child.wait_with_output().map_err(|e| e.to_string()),
+            Ok(Some(status)) => break status,
             Ok(None) if started.elapsed() > timeout => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -363,12 +393,36 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<std::process:
             Ok(None) => std::thread::sleep(Duration::from_millis(100)),
             Err(e) => return Err(e.to_string()),
         }
-    }
+    };
+    // A grandchild (a compile worker) may still hold a pipe open: wait a little for the
+    // readers, then take what there is rather than block.
+    let text = |pipe: std::thread::JoinHandle<String>| {
+        let waiting = Instant::now();
+        while !pipe.is_finished() && waiting.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        match pipe.is_finished() {
+            true => pipe.join().unwrap_or_default().into_bytes(),
+            false => b"(a pipe still held open by another process)".to_vec(),
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: text(stdout),
+        stderr: text(stderr),
+    })
 }
 
 /// The stage: ours, then PyTorch's where asked, the ratios, the achieved share of the card's
-/// tensor peak. `device_name` is the GPU's (for its peak).
-pub fn stage(device: &Device, device_name: &str, o: &SpeedOptions) -> Result<Value, String> {
+/// tensor peak. `device_name` is the GPU's (for its peak). `release` hands this process's
+/// cached device memory back before PyTorch's process starts, so both sides have the card's
+/// memory (cuDNN's algorithm choice depends on the workspace it may take).
+pub fn stage(
+    device: &Device,
+    device_name: &str,
+    o: &SpeedOptions,
+    release: &dyn Fn() -> Result<(), String>,
+) -> Result<Value, String> {
     let ours = ours(device, o)?;
     let ours_ips = ours["img_per_s"].as_f64().unwrap_or(f64::NAN);
     eprintln!(
@@ -401,6 +455,7 @@ pub fn stage(device: &Device, device_name: &str, o: &SpeedOptions) -> Result<Val
         report["pytorch"] = json!({"not_run": "the emulator is not a GPU to compare on"});
         return Ok(report);
     }
+    release()?;
     match pytorch(o, "cuda") {
         Ok(theirs) => {
             for side in ["eager", "compile"] {
@@ -549,9 +604,26 @@ mod tests {
         assert!(err.contains("could not start"), "{err}");
     }
 
+    /// More output than a pipe holds (PyTorch's warnings, a compile log) does not block the
+    /// child until the timeout: both pipes are read as it runs.
+    #[test]
+    fn a_child_writing_more_than_a_pipe_holds_finishes_and_is_read_whole() {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "head -c 300000 /dev/zero | tr '\\0' x >&2; head -c 300000 /dev/zero; echo '{}'",
+        ]);
+        let output = run_with_timeout(cmd, Duration::from_secs(60)).unwrap();
+        assert!(output.status.success());
+        assert_eq!(output.stderr.len(), 300_000);
+        assert_eq!(output.stdout.len(), 300_003);
+        assert!(output.stdout.ends_with(b"{}\n"));
+    }
+
     #[test]
     fn peaks_are_known_for_the_lent_cards_and_the_5090() {
         assert_eq!(peak_for("NVIDIA H200"), Some(989.0));
+        assert_eq!(peak_for("NVIDIA H200 NVL"), Some(835.0));
         assert_eq!(peak_for("NVIDIA H100 80GB HBM3"), Some(989.0));
         assert_eq!(peak_for("NVIDIA H100 PCIe"), Some(756.0));
         assert_eq!(peak_for("NVIDIA GeForce RTX 5090"), Some(209.0));
@@ -581,7 +653,7 @@ mod emulated {
             vs_loader: false,
             ..SpeedOptions::default()
         };
-        let report = stage(&device, "cuda-emulator", &options).unwrap();
+        let report = stage(&device, "cuda-emulator", &options, &|| Ok(())).unwrap();
         let graph = &report["redline"]["graph"];
         // The capture step replays once in the warm-up, the measured step once more.
         assert_eq!(graph["replays"], 2, "{report}");

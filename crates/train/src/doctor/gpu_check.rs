@@ -133,8 +133,8 @@ fn launches(ours: &Value, busy: Option<f64>) -> Finding {
         ),
     };
     let evidence = format!(
-        "{how}; the host spent {:.1} ms a step inside train_step ({} of the wall time); device \
-         busy {}",
+        "{how}; the host spent {:.1} ms a step issuing it inside train_step ({} of the wall \
+         time; its wait for the device apart); device busy {}",
         num(ours, "host_ms_per_step").unwrap_or(f64::NAN),
         pct(host_share),
         pct(busy.min(1.0)),
