@@ -57,7 +57,12 @@ impl std::error::Error for Unavailable {}
 fn driver_library() -> Result<&'static PathBuf, Unavailable> {
     static LOADED: OnceLock<Result<(PathBuf, libloading::Library), LibError>> = OnceLock::new();
     let loaded = LOADED.get_or_init(|| {
-        let path = libs::find("libcuda.so.1")?;
+        let path = match libs::find("libcuda.so.1") {
+            Ok(path) => path,
+            // Not in the folders searched: where the dynamic linker finds it, if anywhere (the
+            // error names the folders searched, as before).
+            Err(not_found) => return libs::load_by_soname("libcuda.so.1").map_err(|_| not_found),
+        };
         let lib = libs::load_global(&path)?;
         Ok((path, lib))
     });

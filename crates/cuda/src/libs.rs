@@ -9,7 +9,9 @@
 //! 3. `CUDA_PATH` / `CUDA_HOME` (`lib64`, `lib`), `/usr/local/cuda/lib64`,
 //! 4. NVIDIA's Python wheels: `nvidia/*/lib` under the site-packages of `VIRTUAL_ENV`,
 //!    `CONDA_PREFIX` and `python3` (where most machines with PyTorch keep cuBLAS, cuDNN, NVRTC),
-//! 5. the system's library folders.
+//! 5. the system's library folders (and `/usr/local/nvidia/lib64`, where NVIDIA's container
+//!    runtime mounts the driver); for the driver alone, then, wherever the dynamic linker
+//!    finds `libcuda.so.1` (its cache, `/etc/ld.so.conf`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -155,6 +157,9 @@ fn search_dirs_for(leaf: &str) -> Vec<PathBuf> {
     }
     if leaf == "lib" {
         for d in [
+            // Where NVIDIA's container runtime mounts the driver.
+            "/usr/local/nvidia/lib64",
+            "/usr/local/nvidia/lib",
             "/usr/lib/x86_64-linux-gnu",
             "/usr/lib/aarch64-linux-gnu",
             "/usr/lib64",
@@ -224,6 +229,31 @@ pub fn load_global(path: &Path) -> Result<libloading::Library, LibError> {
             path: path.into(),
             why: e.to_string(),
         })
+}
+
+/// Loads `soname` the way the dynamic linker finds it (its cache from `ldconfig`, the folders
+/// `/etc/ld.so.conf` names — where containers often mount the driver, e.g.
+/// `/usr/local/nvidia/lib64`), with RTLD_GLOBAL, and says which file that was: the last
+/// resort after the folders above, for the driver library only.
+pub fn load_by_soname(soname: &str) -> Result<(PathBuf, libloading::Library), LibError> {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    let prefix = soname.split(".so").next().unwrap_or(soname).to_string() + ".so";
+    let before = mapped_files(&prefix);
+    // SAFETY: as `load_global`.
+    let lib = unsafe { Library::open(Some(soname), RTLD_NOW | RTLD_GLOBAL) }
+        .map(libloading::Library::from)
+        .map_err(|e| LibError::Load {
+            path: soname.into(),
+            why: e.to_string(),
+        })?;
+    let after = mapped_files(&prefix);
+    let path = after
+        .iter()
+        .find(|p| !before.contains(p))
+        .or(after.first())
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from(soname));
+    Ok((path, lib))
 }
 
 /// A library the backend loaded: where from, and its version as the library reports it.
@@ -334,6 +364,18 @@ mod tests {
         check_single_copy(&libc[0], "libc.so").expect("one libc");
         let err = check_single_copy(Path::new("/elsewhere/libc.so.6"), "libc.so").unwrap_err();
         assert!(err.contains("so were"), "{err}");
+    }
+
+    /// The driver's last resort: the dynamic linker's own search (zlib stands in for libcuda,
+    /// which this machine lacks), reporting the file it mapped.
+    #[test]
+    fn a_library_loaded_by_soname_reports_the_file_the_linker_chose() {
+        let (path, _lib) = load_by_soname("libz.so.1").expect("zlib is on every test machine");
+        assert!(path.is_absolute(), "{}", path.display());
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("libz.so"), "{name}");
+        let err = load_by_soname("libredline-nothing.so.7").unwrap_err();
+        assert!(err.to_string().contains("libredline-nothing.so.7"), "{err}");
     }
 
     #[test]
