@@ -166,6 +166,16 @@ pub fn load_or_compile<'a>(
             return Ok((c, Origin::AheadOfTime(dir)));
         }
     }
+    compile_here(family, arch, nvrtc)
+}
+
+/// `family` for `arch` from this machine's NVRTC: its cache, or compiled now (and cached) —
+/// also what runs when the driver does not take an ahead-of-time CUBIN.
+pub fn compile_here<'a>(
+    family: &Family,
+    arch: &str,
+    nvrtc: impl FnOnce() -> Result<&'a Nvrtc, String>,
+) -> Result<(Compiled, Origin), String> {
     let nvrtc = nvrtc()?;
     let cache = cache_dir(nvrtc.version);
     if let Some(c) = cache.as_deref().and_then(|d| read(d, family, arch)) {

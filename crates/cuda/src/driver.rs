@@ -429,12 +429,30 @@ impl CudaDriver {
                 .as_ref()
                 .map_err(|e| format!("no ahead-of-time CUBIN, and NVRTC cannot be loaded: {e}"))
         };
-        let (cubin, _) = compile::load_or_compile(family, &self.info.arch, nvrtc)
+        let (cubin, origin) = compile::load_or_compile(family, &self.info.arch, nvrtc)
             .map_err(|e| self.error(family.source.name, e))?;
         self.bind()?;
-        // SAFETY: a CUBIN NVRTC just made for this device's architecture.
-        let module = unsafe { result::module::load_data(cubin.image.as_ptr() as *const c_void) }
-            .map_err(|e| self.error("loading the CUBIN", e))?;
+        // SAFETY: a CUBIN NVRTC made for this device's architecture.
+        let load = |cubin: &compile::Compiled| unsafe {
+            result::module::load_data(cubin.image.as_ptr() as *const c_void)
+        };
+        let (cubin, module) = match (load(&cubin), origin) {
+            (Ok(module), _) => (cubin, module),
+            // A pack's CUBIN this driver does not take (made by a newer NVRTC than the
+            // driver's CUDA, say): this machine's NVRTC compiles the family instead.
+            (Err(refused), compile::Origin::AheadOfTime(dir)) => {
+                eprintln!(
+                    "redline-cuda: {} from {}: the driver refused it ({refused:?}); compiling it here",
+                    family.source.name,
+                    dir.display()
+                );
+                let (cubin, _) = compile::compile_here(family, &self.info.arch, nvrtc)
+                    .map_err(|e| self.error(family.source.name, e))?;
+                let module = load(&cubin).map_err(|e| self.error("loading the CUBIN", e))?;
+                (cubin, module)
+            }
+            (Err(e), _) => return Err(self.error("loading the CUBIN", e)),
+        };
         let mut functions = HashMap::new();
         for (expr, lowered) in &cubin.symbols {
             let name = CString::new(lowered.as_str()).map_err(|e| self.error("symbol", e))?;

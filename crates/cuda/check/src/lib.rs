@@ -901,6 +901,19 @@ pub(crate) fn amp_resnet_trainer(
 /// the machine that builds the pack, where NVRTC is).
 pub fn prepare(dir: &Path) -> Result<usize, String> {
     let nvrtc = redline_cuda::nvrtc::Nvrtc::load().map_err(|e| e.to_string())?;
+    let (major, minor) = nvrtc.version;
+    eprintln!(
+        "compiling with NVRTC {major}.{minor} ({})",
+        nvrtc.path.display()
+    );
+    if (major, minor) > (13, 0) {
+        // The lent machines' driver is CUDA 13.0 (580): a CUBIN from a newer NVRTC may be
+        // refused there, and the driver compiles that family again with the machine's NVRTC.
+        eprintln!(
+            "note: NVRTC {major}.{minor} is newer than the lent GPU machines' CUDA 13.0 driver; \
+             `pip install nvidia-cuda-nvrtc==13.0.88` builds CUBINs that driver surely takes"
+        );
+    }
     compile::prepare(&nvrtc, dir, kernels::ARCHITECTURES)
 }
 
