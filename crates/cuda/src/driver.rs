@@ -654,7 +654,6 @@ impl Gpu for CudaDriver {
         self.stream
             .synchronize()
             .map_err(|e| self.error("synchronize", e))?;
-        self.in_flight.retire();
         Ok(())
     }
 
@@ -756,7 +755,9 @@ impl Gpu for CudaDriver {
         self.not_capturing("a copy from host memory")?;
         let pinned = matches!(&bytes, HostBytes::Pooled(buffer, _) if buffer.is_pinned());
         if !pinned {
-            // From pageable memory the copy is staged synchronously anyway: in stream order.
+            // From pageable memory the copy is staged synchronously anyway: on the compute
+            // stream, after `after` (which another stream may have recorded).
+            self.wait_event(after)?;
             self.upload_owned(dst, bytes)?;
             return self.record_event();
         }
@@ -816,13 +817,7 @@ impl Gpu for CudaDriver {
     fn read_clock(&self, slots: &[usize]) -> Result<Vec<u64>> {
         self.bind()?;
         let clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
-        let read = clock.read(slots).map_err(|e| self.error("timestamps", e));
-        // The trainer reads a step's times a few steps late, once that step is done: its
-        // batch's copy is done too, so its buffer goes back to its pool now, before the next
-        // batch asks the pool for one on this thread (else only the next upload returned it,
-        // and a pool of few buffers — a resident batch's three — could wait on itself).
-        self.in_flight.retire();
-        read
+        clock.read(slots).map_err(|e| self.error("timestamps", e))
     }
 
     fn host_allocator(&self) -> Option<Arc<dyn HostAllocator>> {

@@ -211,12 +211,20 @@ struct Inner {
     timeout: Duration,
     /// Collectives enqueued and not yet seen complete, oldest first (the watchdog's list).
     in_flight: Mutex<Vec<(GpuEvent, Instant, String)>>,
+    /// Serialises enqueues (one NCCL call on the communicator at a time). Not `in_flight`'s
+    /// lock: `ncclGroupEnd` may block on the host (connecting to a peer that died), and the
+    /// watchdog must still get to abort the communicator then.
+    enqueuing: Mutex<()>,
+    /// The enqueue under way and since when: the watchdog times it like a collective.
+    enqueue_since: Mutex<Option<(Instant, String)>>,
     /// Why the communicator was aborted; every later call fails with it.
     broken: Mutex<Option<String>>,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one call at a time: every call
-// below holds `in_flight`'s lock while it enqueues (the watchdog takes it too).
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time: every enqueue
+// below holds `enqueuing`. The watchdog's calls (ncclCommGetAsyncError, ncclCommAbort) are the
+// two NCCL allows from another thread while a call runs — abort exists to end a blocked one,
+// as PyTorch's watchdog does.
 unsafe impl Send for Inner {}
 unsafe impl Sync for Inner {}
 
@@ -254,6 +262,8 @@ impl Communicator {
             world,
             timeout,
             in_flight: Mutex::new(Vec::new()),
+            enqueuing: Mutex::new(()),
+            enqueue_since: Mutex::new(None),
             broken: Mutex::new(None),
         });
         let watched = Arc::downgrade(&inner);
@@ -327,7 +337,7 @@ impl Communicator {
         calls: impl FnOnce(Comm, sys::CUstream) -> Result<(), String>,
     ) -> Result<GpuEvent, String> {
         let inner = &self.inner;
-        let mut in_flight = inner.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_at_a_time = inner.enqueuing.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(why) = inner
             .broken
             .lock()
@@ -347,14 +357,25 @@ impl Communicator {
                 .map_err(|e| format!("NCCL's stream waiting for its inputs: {e:?}"))?;
         }
         let f = &inner.nccl.f;
+        let since = |now: Option<(Instant, String)>| {
+            *inner
+                .enqueue_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = now;
+        };
+        since(Some((Instant::now(), what.to_string())));
         // SAFETY: no arguments; paired with the group end below whatever `calls` returns.
-        inner
+        let started = inner
             .nccl
-            .check("ncclGroupStart", unsafe { (f.group_start)() })?;
-        let enqueued = calls(inner.comm, inner.stream.cu_stream());
-        // SAFETY: closes the group opened above.
-        let ended = inner.nccl.check("ncclGroupEnd", unsafe { (f.group_end)() });
-        enqueued.and(ended)?;
+            .check("ncclGroupStart", unsafe { (f.group_start)() });
+        let enqueued = started.and_then(|()| {
+            let called = calls(inner.comm, inner.stream.cu_stream());
+            // SAFETY: closes the group opened above.
+            let ended = inner.nccl.check("ncclGroupEnd", unsafe { (f.group_end)() });
+            called.and(ended)
+        });
+        since(None);
+        enqueued?;
         let event = inner
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -370,6 +391,7 @@ impl Communicator {
             .capture_status()
             .map_err(|e| format!("asking whether NCCL's stream is capturing: {e:?}"))?;
         if captured == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            let mut in_flight = inner.in_flight.lock().unwrap_or_else(|p| p.into_inner());
             in_flight.retain(|(e, _, _)| !e.is_complete());
             in_flight.push((event.clone(), Instant::now(), what.to_string()));
         }
@@ -413,12 +435,19 @@ fn watchdog(watched: Weak<Inner>) {
         let mut status: Status = 0;
         // SAFETY: the communicator is alive (we hold `inner`); an out-parameter.
         let _ = unsafe { (inner.nccl.f.comm_async_error)(inner.comm, &mut status) };
-        let late = in_flight
-            .first()
-            .filter(|(_, since, _)| since.elapsed() > inner.timeout);
+        // An enqueue blocked on the host counts as the oldest collective.
+        let blocked = inner
+            .enqueue_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let oldest = (blocked.iter().map(|(since, what)| (since, what)))
+            .chain(in_flight.first().map(|(_, since, what)| (since, what)))
+            .min_by_key(|(since, _)| **since);
+        let late = oldest.filter(|(since, _)| since.elapsed() > inner.timeout);
         let why = match (status, late) {
             (0 | 7, None) => None,
-            (0 | 7, Some((_, since, what))) => Some(format!(
+            (0 | 7, Some((since, what))) => Some(format!(
                 "NCCL {what} on rank {} of {} unfinished after {:.1} s (timeout {:.1} s): a \
                  rank died or stalled; the communicator was aborted",
                 inner.rank,

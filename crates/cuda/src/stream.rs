@@ -1,10 +1,12 @@
 //! Events on the driver's stream, so the host never waits for more than it needs:
 //! - [`Clock`]: the timestamp ring (a timing event per slot, read relative to one another);
 //! - [`InFlight`]: uploads from pinned memory, each buffer kept until its copy's event has
-//!   completed (then it returns to its pool — DESIGN contract 7: an event, not a synchronize);
+//!   completed (then it returns to its pool — DESIGN contract 7: an event, not a synchronize),
+//!   by a reaper thread that waits on the events;
 //! - [`Staging`]: pinned buffers that asynchronous downloads land in.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use redline_hostmem::{HostAllocator, HostMemError};
@@ -74,45 +76,80 @@ impl Clock {
     }
 }
 
-/// Uploads whose source buffers must outlive their copies.
+type Copy = (CudaEvent, HostBytes);
+
+/// Uploads whose source buffers must outlive their copies. Each buffer goes with its copy's
+/// event to a reaper thread, which waits for the event (sleeping: blocking-sync events) and
+/// drops the buffer, back to its pool. Not the uploading thread: one that asks a pool for
+/// its next buffer before it uploads again would wait on buffers only it could return — a
+/// resident batch's few, or a loader's under gradient accumulation, with the host steps ahead
+/// of the device. A copy whose event reports an error is dropped too (the context is broken,
+/// and the loader should meet that error, not wait for the buffer).
 #[derive(Default)]
 pub struct InFlight {
-    copies: Mutex<Vec<(CudaEvent, HostBytes)>>,
-    /// Events of retired copies, reused.
-    spare: Mutex<Vec<CudaEvent>>,
+    reaper: Mutex<Option<(mpsc::Sender<Copy>, JoinHandle<()>)>>,
+    /// Events of copies done, reused.
+    spare: Arc<Mutex<Vec<CudaEvent>>>,
 }
 
 impl InFlight {
     /// Keeps `bytes` until everything enqueued on `stream` so far (its copy included) is done.
     pub fn keep(&self, stream: &Arc<CudaStream>, bytes: HostBytes) -> Result<(), DriverError> {
-        self.retire();
         let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let event = match spare {
             Some(e) => e,
+            // Blocking-sync: the reaper sleeps in its wait instead of spinning on a core the
+            // loader decodes on (cudarc takes one flag, so timing stays on: a few bytes more).
             None => stream
                 .context()
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?,
         };
         event.record(stream)?;
-        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
-        copies.push((event, bytes));
+        let mut reaper = self.reaper.lock().unwrap_or_else(|p| p.into_inner());
+        if reaper.is_none() {
+            *reaper = self.spawn_reaper();
+        }
+        let unsent = match reaper.as_ref() {
+            Some((copies, _)) => copies.send((event, bytes)).err().map(|e| e.0),
+            None => Some((event, bytes)),
+        };
+        if let Some((event, bytes)) = unsent {
+            // No reaper (it could not start): wait here instead.
+            let _ = event.synchronize();
+            drop(bytes);
+        }
         Ok(())
     }
 
-    /// Drops (returns to their pools) the buffers whose copies have completed — or whose
-    /// event reports an error: the context is broken then, and a buffer kept forever would
-    /// leave a loader waiting for it instead of meeting the error.
-    pub fn retire(&self) {
-        let done: Vec<(CudaEvent, HostBytes)> = {
-            let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
-            let (done, pending) = std::mem::take(&mut *copies)
-                .into_iter()
-                .partition(|(e, _)| e.try_is_complete().unwrap_or(true));
-            *copies = pending;
-            done
-        };
-        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
-        spare.extend(done.into_iter().map(|(e, _bytes)| e));
+    fn spawn_reaper(&self) -> Option<(mpsc::Sender<Copy>, JoinHandle<()>)> {
+        let (copies, done) = mpsc::channel::<Copy>();
+        let spare = self.spare.clone();
+        let reaper = std::thread::Builder::new()
+            .name("redline-cuda-uploads".into())
+            .spawn(move || {
+                for (event, bytes) in done {
+                    let _ = event.synchronize();
+                    drop(bytes);
+                    spare.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+                }
+            })
+            .ok()?;
+        Some((copies, reaper))
+    }
+}
+
+impl Drop for InFlight {
+    /// Waits for the copies still out (their buffers outlive them).
+    fn drop(&mut self) {
+        let reaper = self
+            .reaper
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((copies, reaper)) = reaper {
+            drop(copies);
+            let _ = reaper.join();
+        }
     }
 }
 

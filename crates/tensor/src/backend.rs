@@ -788,8 +788,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Like [`download_async`](Self::download_async), but ordered after `after` only, not after
     /// every op enqueued so far (CUDA: on a copy stream that waits for the event), so a
     /// gradient can travel to the host while the rest of the backward pass runs. The caller
-    /// guarantees no op after `after` writes the view before the download is waited for. The
-    /// default downloads after everything, which is correct, only later.
+    /// guarantees no op after `after` writes the view before the download is waited for, and
+    /// keeps its storage alive until then: the caching allocator reuses memory in the compute
+    /// stream's order and knows nothing of the copy stream still reading it. The default
+    /// downloads after everything, which is correct, only later.
     fn download_after(&self, x: View<'_>, after: &Event) -> Result<Download> {
         let _ = after;
         self.download_async(x)

@@ -624,7 +624,10 @@ impl Trainer {
                 clock.lap(Phase::HostToDevice)?;
                 let loss = self.forward(&inputs)?;
                 clock.lap(Phase::Forward)?;
-                self.backward(&loss)?;
+                if let Err(e) = self.backward(&loss) {
+                    self.settle_buckets();
+                    return Err(e);
+                }
                 clock.lap(Phase::Backward)?;
                 self.update()?;
                 clock.lap(Phase::Optimizer)?;
@@ -673,6 +676,7 @@ impl Trainer {
             let (loss, n) = match accumulated {
                 Ok(done) => done,
                 Err(e) => {
+                    self.settle_buckets();
                     zero_grad(self.optimizer.groups());
                     return Err(e);
                 }
@@ -710,6 +714,16 @@ impl Trainer {
         }
         clock.lap(Phase::Backward)?;
         Ok((loss.detach(), images))
+    }
+
+    /// After an error once a backward may have started gradient buckets: waits for them (their
+    /// own error is dropped: the first one is reported), so no collective still writes
+    /// gradients that are about to be cleared and their memory reused (a GPU runs them on
+    /// another stream, after the host has moved on).
+    fn settle_buckets(&self) {
+        if let Some(ranked) = &self.data_parallel {
+            let _ = ranked.reducer.synchronize();
+        }
     }
 
     /// The loader's next batch (the data wait phase), its end the trainer's new position.
