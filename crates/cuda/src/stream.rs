@@ -76,7 +76,8 @@ impl Clock {
     }
 }
 
-type Copy = (CudaEvent, HostBytes);
+/// An upload's event and the buffer it copies from.
+type Upload = (CudaEvent, HostBytes);
 
 /// Uploads whose source buffers must outlive their copies. Each buffer goes with its copy's
 /// event to a reaper thread, which waits for the event (sleeping: blocking-sync events) and
@@ -87,7 +88,7 @@ type Copy = (CudaEvent, HostBytes);
 /// and the loader should meet that error, not wait for the buffer).
 #[derive(Default)]
 pub struct InFlight {
-    reaper: Mutex<Option<(mpsc::Sender<Copy>, JoinHandle<()>)>>,
+    reaper: Mutex<Option<(mpsc::Sender<Upload>, JoinHandle<()>)>>,
     /// Events of copies done, reused.
     spare: Arc<Mutex<Vec<CudaEvent>>>,
 }
@@ -121,8 +122,8 @@ impl InFlight {
         Ok(())
     }
 
-    fn spawn_reaper(&self) -> Option<(mpsc::Sender<Copy>, JoinHandle<()>)> {
-        let (copies, done) = mpsc::channel::<Copy>();
+    fn spawn_reaper(&self) -> Option<(mpsc::Sender<Upload>, JoinHandle<()>)> {
+        let (copies, done) = mpsc::channel::<Upload>();
         let spare = self.spare.clone();
         let reaper = std::thread::Builder::new()
             .name("redline-cuda-uploads".into())

@@ -53,8 +53,7 @@ pub struct Config {
     /// Decode threads (default: every core).
     pub workers: usize,
     /// Batches in flight ahead of the consumer (default 3), and never fewer than `workers`: a
-    /// batch is one worker's job, so fewer in flight would leave cores idle (3 of 16 at the
-    /// default, once).
+    /// batch is one worker's job, so fewer in flight would leave cores idle.
     pub prefetch: usize,
     /// Drop a last, short batch.
     pub drop_last: bool,
