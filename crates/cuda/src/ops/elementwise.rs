@@ -55,7 +55,7 @@ fn launch(
 
 /// How many 16-byte packs flat operands make, when they are one dtype, a whole number of packs
 /// long and each starts 16-byte aligned (the `_packed` kernels' precondition).
-fn packs(operands: &[&Operand]) -> Option<usize> {
+pub(crate) fn packs(operands: &[&Operand]) -> Option<usize> {
     let first = operands.first()?;
     let size = first.dtype.size();
     let n = first.layout.numel();

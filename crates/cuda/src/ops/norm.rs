@@ -11,7 +11,7 @@ use redline_tensor::{Layout, Result};
 
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Strided};
 use crate::kernels;
-use crate::ops::elementwise::Operand;
+use crate::ops::elementwise::{self, Operand};
 use crate::ops::{linear_shape, share_one_dense_order};
 
 /// Threads per statistics block (`NORM_THREADS` in `kernels/norm.cu`).
@@ -197,21 +197,15 @@ fn stats_rows(
 /// The affine's packed form, when x, y and out share one dense layout, fill whole 16-byte
 /// packs and start 16-byte aligned: `(packs, channel stride)`.
 fn packed(x: &Operand, y: Option<&Operand>, out: &Operand) -> Option<(usize, usize)> {
-    let size = x.dtype.size();
-    let per_pack = 16 / size;
     let mut operands = vec![x, out];
     operands.extend(y);
     let layouts: Vec<&Layout> = operands.iter().map(|o| o.layout).collect();
-    let n = x.layout.numel();
-    let aligned = operands
-        .iter()
-        .all(|o| o.dtype == x.dtype && o.ptr.0 % 16 == 0);
-    if !aligned || per_pack == 0 || !n.is_multiple_of(per_pack) || !share_one_dense_layout(&layouts)
-    {
+    if !share_one_dense_layout(&layouts) {
         return None;
     }
+    let packs = elementwise::packs(&operands)?;
     let channel_stride = x.layout.strides().get(1).copied().unwrap_or(1).max(1);
-    Some((n / per_pack, channel_stride))
+    Some((packs, channel_stride))
 }
 
 /// `coef[0]·x + coef[1] (+ coef[2]·y)`, then the ReLU where asked, into `out`.
