@@ -48,6 +48,9 @@ pub trait Collective: Send + Sync {
     /// graph): issued on the tensors' device in stream order, ordered by events, with no host
     /// round trip and no host-side result — NCCL's are. A host collective downloads, so it is
     /// not (the default). The trainer captures a data-parallel step only over a group that is.
+    /// Such a group's [`all_reduce_after`](Self::all_reduce_after) only enqueues, so
+    /// [`crate::DataParallel`] issues its buckets from the backward thread and synchronised
+    /// batch norm shares the group: one thread, one order of collectives on every rank.
     fn capturable(&self) -> bool {
         false
     }
@@ -73,6 +76,8 @@ pub trait Collective: Send + Sync {
     /// A new group of the same ranks with a sequence of collectives of its own (PyTorch's
     /// `new_group`), for collectives issued from another thread than this group's — two
     /// threads sharing one group could issue theirs in different orders on different ranks.
+    /// (Two device groups on one device bring their own hazard: NCCL asks that their
+    /// collectives be issued in one order on every rank, which two threads do not give.)
     /// Collective: every rank calls it.
     fn split(&self) -> Result<Arc<dyn Collective>>;
 }

@@ -4,13 +4,18 @@
 //! roughly the order backward produces their gradients, since the last layer's come first. A
 //! gradient-ready hook on every parameter counts down its bucket; when a bucket is complete
 //! (and every bucket before it has been started, so all ranks issue the same collectives in the
-//! same order) it goes to a communication thread that averages it across ranks while backward
-//! goes on with the layers below. A bucket leaves with an event recorded on the device when it
-//! completes, so the collective waits for those gradients only, not for the backward ops
-//! enqueued since ([`Collective::all_reduce_after`]: a host collective downloads after it, a
-//! device one runs on its own stream). [`DataParallel::synchronize`] waits for the buckets to
-//! be issued and makes the device wait for their events: the optimizer's kernels wait on the
-//! device for the reduced gradients, the host for nothing more.
+//! same order) its average across ranks starts while backward goes on with the layers below. A
+//! bucket leaves with an event recorded on the device when it completes, so the collective
+//! waits for those gradients only, not for the backward ops enqueued since
+//! ([`Collective::all_reduce_after`]). A host collective downloads after that event and blocks
+//! until the peers answer, so its buckets go to a communication thread; a device collective
+//! (NCCL: [`Collective::capturable`]) only enqueues onto its own stream, so the backward thread
+//! issues its buckets itself — with synchronised batch norm's sums, which share the group, one
+//! thread then issues a rank's every collective in the order autograd runs, the same on every
+//! rank, as NCCL requires of collectives that share a device. [`DataParallel::synchronize`]
+//! waits for the buckets to be issued and makes the device wait for their events: the
+//! optimizer's kernels wait on the device for the reduced gradients, the host for nothing
+//! more.
 //!
 //! Mixed precision needs nothing more: the GradScaler's found-inf check reads gradients that
 //! are already the same on every rank (an inf or NaN on one rank reaches all of them through
@@ -40,6 +45,8 @@ pub struct BucketLaunch {
 /// Keeps the gradients of one model's parameters the same on every rank.
 pub struct DataParallel {
     shared: Arc<Shared>,
+    /// The communication thread's queue (a host collective's buckets; `None`: issued by the
+    /// backward thread).
     jobs: Option<Sender<(usize, Event)>>,
     worker: Option<JoinHandle<()>>,
 }
@@ -126,21 +133,26 @@ impl DataParallel {
             state: Mutex::new(state),
             changed: Condvar::new(),
         });
-        let (jobs, queue) = channel::<(usize, Event)>();
-        let worker_shared = shared.clone();
-        let worker = std::thread::Builder::new()
-            .name("redline-allreduce".into())
-            .spawn(move || {
-                for (bucket, ready) in queue {
-                    worker_shared.reduce(bucket, &ready);
-                }
-            })
-            .map_err(|e| DistError::io("starting the all-reduce thread", e))?;
-        let dp = Self {
+        let mut dp = Self {
             shared,
-            jobs: Some(jobs),
-            worker: Some(worker),
+            jobs: None,
+            worker: None,
         };
+        if !dp.shared.collective.capturable() {
+            let (jobs, queue) = channel::<(usize, Event)>();
+            let worker_shared = dp.shared.clone();
+            let worker = std::thread::Builder::new()
+                .name("redline-allreduce".into())
+                .spawn(move || {
+                    for (bucket, ready) in queue {
+                        let result = worker_shared.issue(bucket, &ready);
+                        worker_shared.record(&mut worker_shared.lock(), result);
+                    }
+                })
+                .map_err(|e| DistError::io("starting the all-reduce thread", e))?;
+            dp.jobs = Some(jobs);
+            dp.worker = Some(worker);
+        }
         dp.hook_all()?;
         Ok(dp)
     }
@@ -265,7 +277,7 @@ impl Shared {
     }
 
     /// Parameter `index` has its gradient: start every bucket that is now complete and next in
-    /// line.
+    /// line, on the communication thread of `jobs`, or here (`None`).
     fn gradient_ready(&self, index: usize, jobs: Option<&Sender<(usize, Event)>>) {
         let mut state = self.lock();
         if !state.sync {
@@ -302,28 +314,39 @@ impl Shared {
                     }
                 },
             };
-            let sent = jobs.is_some_and(|j| j.send((bucket, event)).is_ok());
-            if !sent {
-                state
-                    .error
-                    .get_or_insert(DistError::Usage("the all-reduce thread has stopped".into()));
+            match jobs {
+                // The enqueue returns at once; the state's lock keeps a second hook out.
+                None => {
+                    let result = self.issue(bucket, &event);
+                    self.record(&mut state, result);
+                }
+                Some(jobs) => {
+                    if jobs.send((bucket, event)).is_err() {
+                        // Counted as failed, or synchronize would wait for it.
+                        let stopped = DistError::Usage("the all-reduce thread has stopped".into());
+                        self.record(&mut state, Err(stopped));
+                    }
+                }
             }
         }
     }
 
-    /// The communication thread's work: average one bucket's gradients (final at `ready`)
-    /// across ranks.
-    fn reduce(&self, bucket: usize, ready: &Event) {
+    /// Starts averaging one bucket's gradients (final at `ready`) across ranks; the event its
+    /// averages are complete at.
+    fn issue(&self, bucket: usize, ready: &Event) -> Result<Event> {
         let grads: Option<Vec<Tensor>> = (self.buckets[bucket].iter())
             .map(|&i| self.params[i].1.grad())
             .collect();
-        let result = match grads {
+        match grads {
             Some(grads) => self.collective.all_reduce_after(&grads, Reduce::Avg, ready),
             None => Err(DistError::Usage(format!(
                 "bucket {bucket} was started with a gradient missing"
             ))),
-        };
-        let mut state = self.lock();
+        }
+    }
+
+    /// Counts a started bucket as finished or failed.
+    fn record(&self, state: &mut StepState, result: Result<Event>) {
         match result {
             Ok(done) => {
                 state.finished += 1;

@@ -9,8 +9,8 @@
 //!   CPU implementation (TCP, a star around rank 0, for tests and CPU training),
 //!   [`NcclCollective`] the one for CUDA devices (NCCL on a stream of its own, ordered by
 //!   events; the `nccl` feature, on by default).
-//! * [`DataParallel`] — gradients averaged in buckets as soon as backward completes them, on a
-//!   communication thread, overlapping the rest of backward (PyTorch DDP's reducer).
+//! * [`DataParallel`] — gradients averaged in buckets as soon as backward completes them,
+//!   overlapping the rest of backward (PyTorch DDP's reducer).
 //! * [`SyncBatchStats`] — synchronised batch norm: statistics over every rank's batch.
 //!
 //! Every wait has a timeout: a rank that never arrives, dies or stalls makes every other rank

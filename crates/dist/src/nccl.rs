@@ -11,8 +11,8 @@
 //!
 //! Tensors on other devices (a host-side metric, say) go through the host collective instead.
 //!
-//! Capturable: a data-parallel step — its buffer broadcast, its gradient buckets issued from
-//! the all-reduce thread on NCCL's stream forked from the capture by their events, joined back
+//! Capturable: a data-parallel step — its buffer broadcast, its gradient buckets issued by the
+//! backward thread on NCCL's stream forked from the capture by their events, joined back
 //! by the optimizer's wait — is recorded into the step's CUDA graph. A replay runs them out of
 //! this collective's sight, so the trainer asks [`Collective::alive`] before each and hands
 //! the point after it to [`Collective::watch`]: the watchdog holds it to the timeout.

@@ -9,10 +9,9 @@ use redline_tensor::{DType, Device, Tensor, TensorError};
 use crate::collective::{Collective, Reduce};
 use crate::error::Result;
 
-/// Sums batch statistics over a group's ranks. Give it a group of its own
-/// ([`Collective::split`]): its sums run on the thread that runs forward and backward, while
-/// [`crate::DataParallel`]'s gradient buckets run on their own thread — sharing one group, the
-/// two could interleave differently on different ranks.
+/// Sums batch statistics over a group's ranks, on the thread that runs forward and backward.
+/// [`install`](Self::install) chooses the group: the gradients' own where that thread issues
+/// their buckets too (a device collective), else one split from it.
 pub struct SyncBatchStats {
     group: Arc<dyn Collective>,
 }
@@ -22,11 +21,25 @@ impl SyncBatchStats {
         Self { group }
     }
 
-    /// Makes every batch norm of `model` synchronised over a new group split from
-    /// `collective` (collective: every rank calls it), and returns that group (a step replayed
-    /// as a graph runs its sums too: the trainer watches it).
-    pub fn install(model: &dyn Module, collective: &dyn Collective) -> Result<Arc<dyn Collective>> {
-        let group = collective.split()?;
+    /// Makes every batch norm of `model` synchronised over the ranks of `collective`
+    /// (collective: every rank calls it), and returns the group its sums use (a step replayed
+    /// as a graph runs them too: the trainer watches it).
+    ///
+    /// A device collective ([`Collective::capturable`]: NCCL) is shared: [`crate::DataParallel`]
+    /// issues its gradient buckets from the backward thread too, so one thread issues both in
+    /// autograd's order, the same on every rank — two NCCL communicators on one device, their
+    /// collectives on two streams in whatever order each GPU runs them, could wait on each
+    /// other across ranks. A host collective's buckets go to a thread of their own, so the sums
+    /// get a group split from it: one group shared by two threads could see its calls in a
+    /// different order on different ranks.
+    pub fn install(
+        model: &dyn Module,
+        collective: &Arc<dyn Collective>,
+    ) -> Result<Arc<dyn Collective>> {
+        let group = match collective.capturable() {
+            true => Arc::clone(collective),
+            false => collective.split()?,
+        };
         let sync: Arc<dyn BatchStatsSync> = Arc::new(Self::new(group.clone()));
         model.sync_batch_norm(Some(&sync));
         Ok(group)

@@ -1,18 +1,29 @@
 //! The bucketed reducer's logic in one process, through a collective that records what it is
 //! asked to reduce (and can be told to fail): bucket order, overlap with backward, gradient
-//! accumulation without reduction, and the misuses DDP refuses.
+//! accumulation without reduction, the misuses DDP refuses, and which thread issues a rank's
+//! collectives beside synchronised batch norm.
 
 use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
-use redline_dist::{Collective, DataParallel, DistError, Reduce, Result};
-use redline_tensor::{Device, Tensor};
+use redline_dist::{Collective, DataParallel, DistError, Reduce, Result, SyncBatchStats};
+use redline_nn::layers::GlobalAvgPool;
+use redline_nn::{named_parameters, BatchNorm2d, Conv2d, Init, Linear, Module, Sequential};
+use redline_tensor::{DType, Device, Tensor};
 
 /// A world of one that records each all-reduce's tensor sizes and can be made to fail.
 #[derive(Default)]
 struct Recording {
     calls: Mutex<Vec<Vec<usize>>>,
     fail: Mutex<bool>,
+    /// Claims to be a device collective (as NCCL is).
+    device: bool,
+    /// Each call's thread, reduction and tensor sizes, whatever its reduction.
+    issued: Mutex<Vec<Issued>>,
 }
+
+/// One all-reduce as a collective saw it: the calling thread, the reduction, tensor sizes.
+type Issued = (ThreadId, Reduce, Vec<usize>);
 
 impl Collective for Recording {
     fn rank(&self) -> usize {
@@ -22,6 +33,11 @@ impl Collective for Recording {
         1
     }
     fn all_reduce(&self, tensors: &[Tensor], op: Reduce) -> Result<()> {
+        let sizes: Vec<usize> = tensors.iter().map(Tensor::numel).collect();
+        (self.issued.lock().unwrap()).push((std::thread::current().id(), op, sizes));
+        if self.device {
+            return Ok(()); // sums of batch norm's statistics too
+        }
         assert_eq!(op, Reduce::Avg, "gradients are averaged");
         if *self.fail.lock().unwrap() {
             return Err(DistError::Peer {
@@ -35,6 +51,9 @@ impl Collective for Recording {
             .unwrap()
             .push(tensors.iter().map(Tensor::numel).collect());
         Ok(())
+    }
+    fn capturable(&self) -> bool {
+        self.device
     }
     fn broadcast(&self, _tensors: &[Tensor], _root: usize) -> Result<()> {
         Ok(())
@@ -213,4 +232,97 @@ fn a_gradient_hook_sees_each_leafs_complete_gradient_once_last_layer_first() {
     // Only a leaf that requires gradients takes a hook.
     let plain = Tensor::from_slice(&[1.0f32], &[1], &device).unwrap();
     assert!(plain.set_grad_hook(None).is_err());
+}
+
+/// conv → batch norm → pool → linear: five parameters, a batch norm between them.
+fn net_with_batch_norm(device: &Device) -> Sequential {
+    let mut init = Init::new(3, device, DType::F32);
+    let conv = Conv2d::resnet(&mut init, 3, 4, 3, 1, 1).unwrap();
+    let bn = BatchNorm2d::new(&init, 4, 1.0).unwrap();
+    let head = Linear::new(&mut init, 4, 2).unwrap();
+    Sequential::new()
+        .push(conv)
+        .push(bn)
+        .push(GlobalAvgPool)
+        .push(head)
+}
+
+/// Two steps of `net` (forward, backward, synchronize) over `group` with synchronised batch
+/// norm over what `install` gives it; that group and each step's calls as `group` saw them.
+fn steps_with_sync_batch_norm(group: &Arc<Recording>) -> (Arc<dyn Collective>, Vec<Vec<Issued>>) {
+    let device = Device::reference();
+    let net = net_with_batch_norm(&device);
+    let shared: Arc<dyn Collective> = group.clone();
+    // 4-byte buckets: each parameter is a bucket of its own, started as its gradient lands.
+    let dp = DataParallel::new(shared.clone(), named_parameters(&net), &[], 4).unwrap();
+    let stats = SyncBatchStats::install(&net, &shared).unwrap();
+    let values: Vec<f32> = (0..2 * 3 * 5 * 5).map(|i| (i % 7) as f32 - 3.0).collect();
+    let x = Tensor::from_slice(&values, &[2, 3, 5, 5], &device).unwrap();
+    let steps = (0..2)
+        .map(|_| {
+            let loss = net.forward(&x).unwrap().sum(&[], false).unwrap();
+            loss.backward().unwrap();
+            dp.synchronize().unwrap();
+            named_parameters(&net)
+                .iter()
+                .for_each(|(_, p)| p.zero_grad());
+            std::mem::take(&mut *group.issued.lock().unwrap())
+        })
+        .collect();
+    (stats, steps)
+}
+
+#[test]
+fn a_device_collective_gets_a_ranks_every_collective_from_the_backward_thread_in_one_order() {
+    // NCCL asks that collectives sharing a device be issued in one order on every rank: with
+    // batch norm's sums and the gradient buckets on one group, issued by one thread in
+    // autograd's (deterministic) order, they are.
+    let device_group = Arc::new(Recording {
+        device: true,
+        ..Recording::default()
+    });
+    let (stats, steps) = steps_with_sync_batch_norm(&device_group);
+    let shared: Arc<dyn Collective> = device_group.clone();
+    assert!(Arc::ptr_eq(&stats, &shared), "batch norm shares the group");
+    let here = std::thread::current().id();
+    for (step, calls) in steps.iter().enumerate() {
+        assert!(
+            calls.iter().all(|(t, ..)| *t == here),
+            "step {step}: {calls:?}"
+        );
+        // Batch norm's backward sums land between the buckets: the head's buckets were issued
+        // before them, the convolution's after.
+        let ops: Vec<Reduce> = calls.iter().map(|(_, op, _)| *op).collect();
+        let first_avg = ops.iter().position(|op| *op == Reduce::Avg).unwrap();
+        let last_avg = ops.iter().rposition(|op| *op == Reduce::Avg).unwrap();
+        assert!(
+            ops[first_avg..last_avg].contains(&Reduce::Sum),
+            "step {step}: {ops:?}"
+        );
+        assert_eq!(ops.iter().filter(|op| **op == Reduce::Avg).count(), 5);
+    }
+    let strip = |calls: &[Issued]| -> Vec<(Reduce, Vec<usize>)> {
+        calls.iter().map(|(_, op, n)| (*op, n.clone())).collect()
+    };
+    assert_eq!(
+        strip(&steps[0]),
+        strip(&steps[1]),
+        "the same order each step"
+    );
+
+    // A host collective blocks until its peers answer: its buckets go to a thread of their
+    // own, and batch norm gets a group split from it, never sharing one with that thread.
+    let host_group = Arc::new(Recording::default());
+    let (stats, steps) = steps_with_sync_batch_norm(&host_group);
+    let host: Arc<dyn Collective> = host_group.clone();
+    assert!(
+        !Arc::ptr_eq(&stats, &host),
+        "batch norm splits its own group"
+    );
+    for calls in &steps {
+        assert_eq!(calls.len(), 5, "{calls:?}");
+        assert!(calls
+            .iter()
+            .all(|(t, op, _)| *t != here && *op == Reduce::Avg));
+    }
 }

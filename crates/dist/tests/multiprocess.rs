@@ -138,7 +138,7 @@ fn train(run: Run) -> Result<(Vec<f32>, Vec<String>), String> {
     let dp = DataParallel::new(run.collective.clone(), named, &[], BUCKET_BYTES)
         .map_err(|e| e.to_string())?;
     if run.batch_norm == Some(true) {
-        SyncBatchStats::install(&net, run.collective.as_ref()).map_err(|e| e.to_string())?;
+        SyncBatchStats::install(&net, &run.collective).map_err(|e| e.to_string())?;
     }
     let mut opt = Sgd::new(vec![ParamGroup::new(params.clone(), 1e-4)], 0.9, 0.0, false)
         .map_err(|e| e.to_string())?;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use redline_dist::{SingleProcess, SyncBatchStats};
+use redline_dist::{Collective, SingleProcess, SyncBatchStats};
 use redline_nn::layers::BatchNormReLU;
 use redline_nn::{BatchNorm2d, Init, Module};
 use redline_tensor::{DType, Tensor};
@@ -32,7 +32,8 @@ fn a_world_of_one_gives_what_the_fused_batch_norm_gives() {
             bn
         };
         let (plain, synced) = (make(), make());
-        SyncBatchStats::install(&synced, &SingleProcess).unwrap();
+        SyncBatchStats::install(&synced, &(Arc::new(SingleProcess) as Arc<dyn Collective>))
+            .unwrap();
         let values: Vec<f32> = (0..3 * 4 * 5 * 5)
             .map(|i| ((i * 37 % 101) as f32 / 25.0 - 2.0) * (1.0 + (i % 4) as f32))
             .collect();

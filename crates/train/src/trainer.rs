@@ -136,7 +136,8 @@ struct Ranked {
     /// broadcast before every training forward, as DDP's `broadcast_buffers` does, so every
     /// rank evaluates and checkpoints the same model.
     buffers: Vec<Tensor>,
-    /// Every group whose collectives a step runs (the reducer's, synchronised batch norm's):
+    /// Every group whose collectives a step runs (the reducer's, and synchronised batch
+    /// norm's where it has one of its own):
     /// a replayed graph runs them out of their sight, so each is asked whether it is alive
     /// before a replay and watches the point after it.
     groups: Vec<Arc<dyn Collective>>,
@@ -249,9 +250,9 @@ impl Trainer {
     /// warm-up; a batch of another size (the last, partial one), a device that cannot capture
     /// and data parallelism over a host collective run eagerly, counted in
     /// [`Trainer::graph_stats`] with the reason. A data-parallel step over NCCL is captured
-    /// whole: the buffer broadcast, the gradient buckets (issued from the all-reduce thread
-    /// onto NCCL's stream, forked from the capture by their events and joined by the
-    /// optimizer's wait) and synchronised batch norm's sums are in the graph; each replay
+    /// whole: the buffer broadcast, the gradient buckets (issued by the backward thread onto
+    /// NCCL's stream, forked from the capture by their events and joined by the optimizer's
+    /// wait) and synchronised batch norm's sums are in the graph; each replay
     /// first asks the groups whether they are alive and then has them watch it, so a dead peer
     /// still ends the job within the timeout.
     pub fn with_graph(mut self) -> Self {
@@ -316,15 +317,17 @@ impl Trainer {
     }
 
     /// Synchronised batch norm for a rank of a data-parallel job: every batch norm takes its
-    /// training statistics over all ranks' batches (PyTorch's `SyncBatchNorm`), through a
-    /// group split from the trainer's collective. Collective: every rank calls it.
+    /// training statistics over all ranks' batches (PyTorch's `SyncBatchNorm`), through the
+    /// trainer's collective where it is a device one (NCCL), else a group split from it
+    /// ([`SyncBatchStats::install`]). Collective: every rank calls it.
     pub fn with_sync_batch_norm(mut self) -> Result<Self> {
         let ranked = self.data_parallel.as_mut().ok_or_else(|| {
             TrainError::Config("synchronised batch norm needs with_data_parallel first".into())
         })?;
-        let group =
-            SyncBatchStats::install(self.model.as_ref(), ranked.reducer.collective().as_ref())?;
-        ranked.groups.push(group);
+        let group = SyncBatchStats::install(self.model.as_ref(), ranked.reducer.collective())?;
+        if !ranked.groups.iter().any(|g| Arc::ptr_eq(g, &group)) {
+            ranked.groups.push(group);
+        }
         Ok(self)
     }
 

@@ -820,17 +820,22 @@ impl redline_dist::Collective for QuietPeer {
 }
 
 /// `steps` fp16 steps of the small CNN on `device`, data-parallel over `collective` (none:
-/// alone) in 1 KiB buckets, with graph replay or not; the steps' results, or the first error.
+/// alone) in 1 KiB buckets, with synchronised batch norm or not, with graph replay or not; the
+/// steps' results, or the first error.
 fn data_parallel_run(
     device: &Device,
     set: &Arc<ShardSet>,
     steps: usize,
     graph: bool,
     collective: Option<Arc<dyn redline_dist::Collective>>,
+    sync_bn: bool,
 ) -> (Result<GraphRun, String>, Option<usize>) {
     let mut trainer = clipped_fp16_trainer(device, steps);
     if let Some(c) = collective {
         trainer = trainer.with_data_parallel(c, 1024).unwrap();
+    }
+    if sync_bn {
+        trainer = trainer.with_sync_batch_norm().unwrap();
     }
     if graph {
         trainer = trainer.with_graph();
@@ -864,40 +869,45 @@ fn data_parallel_run(
 
 #[test]
 fn a_data_parallel_step_is_captured_with_its_collectives_and_replays_as_eager_steps() {
-    // Emulated CUDA, a device collective whose averages are device ops issued from the
-    // all-reduce thread while backward is being captured: replaying the graph must run them,
-    // or the weights would move twice as far as the eager run's.
+    // Emulated CUDA, a device collective whose averages are device ops issued while backward
+    // is being captured: replaying the graph must run them, or the weights would move twice
+    // as far as the eager run's. With synchronised batch norm too, whose sums share the group.
     use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = synth(dir.path(), 48);
     let device = Device::new(Arc::new(redline_cuda::CudaBackend::emulated().unwrap()));
     let steps = 6;
-    let peer = |p: QuietPeer| Some(Arc::new(p) as Arc<dyn redline_dist::Collective>);
-    let (eager, _) = data_parallel_run(&device, &train, steps, false, peer(QuietPeer::default()));
-    let (eager_losses, eager_state, _) = eager.unwrap();
-    let quiet = Arc::new(QuietPeer::default());
-    let group = quiet.clone() as Arc<dyn redline_dist::Collective>;
-    let (graphed, overlapped) = data_parallel_run(&device, &train, steps, true, Some(group));
-    let (losses, state, stats) = graphed.unwrap();
-    assert_eq!(losses, eager_losses);
-    assert_eq!(state, eager_state);
-    // Steps 0-1 warm up, 2 is captured and run, 3-5 replay; none eager.
-    assert_eq!(
-        (stats.captures, stats.replays, stats.eager_steps),
-        (1, 4, 0),
-        "{stats:?}"
-    );
-    assert_eq!(stats.eager_reason, None);
-    // The captured step's buckets started while backward was still being recorded.
-    assert!(overlapped.unwrap() > 0, "{overlapped:?}");
-    // Every replay was checked before and watched after.
-    assert_eq!(
-        (quiet.alive_checks.load(SeqCst), quiet.watched.load(SeqCst)),
-        (4, 4)
-    );
-    // The collective did act: alone, the same steps end elsewhere.
-    let (alone, _) = data_parallel_run(&device, &train, steps, true, None);
-    assert_ne!(alone.unwrap().1, eager_state);
+    for sync_bn in [false, true] {
+        let run = |graph: bool, quiet: &Arc<QuietPeer>| {
+            let group = quiet.clone() as Arc<dyn redline_dist::Collective>;
+            data_parallel_run(&device, &train, steps, graph, Some(group), sync_bn)
+        };
+        let (eager_losses, eager_state, _) = run(false, &Arc::default()).0.unwrap();
+        let quiet = Arc::new(QuietPeer::default());
+        let (graphed, overlapped) = run(true, &quiet);
+        let (losses, state, stats) = graphed.unwrap();
+        assert_eq!(losses, eager_losses, "sync BN {sync_bn}");
+        assert_eq!(state, eager_state, "sync BN {sync_bn}");
+        // Steps 0-1 warm up, 2 is captured and run, 3-5 replay; none eager.
+        assert_eq!(
+            (stats.captures, stats.replays, stats.eager_steps),
+            (1, 4, 0),
+            "{stats:?}"
+        );
+        assert_eq!(stats.eager_reason, None);
+        // The captured step's buckets started while backward was still being recorded.
+        assert!(overlapped.unwrap() > 0, "{overlapped:?}");
+        // Every replay was checked before and watched after, once: batch norm's sums are on
+        // the same group.
+        assert_eq!(
+            (quiet.alive_checks.load(SeqCst), quiet.watched.load(SeqCst)),
+            (4, 4),
+            "sync BN {sync_bn}"
+        );
+        // The collective did act: alone, the same steps end elsewhere.
+        let (alone, _) = data_parallel_run(&device, &train, steps, true, None, false);
+        assert_ne!(alone.unwrap().1, eager_state);
+    }
 }
 
 #[test]
@@ -909,7 +919,8 @@ fn a_replay_is_not_enqueued_on_a_group_that_failed_and_the_step_names_the_rank()
         fail_after: Some(2),
         ..QuietPeer::default()
     };
-    let (run, replays) = data_parallel_run(&device, &train, 6, true, Some(Arc::new(failing)));
+    let (run, replays) =
+        data_parallel_run(&device, &train, 6, true, Some(Arc::new(failing)), false);
     let error = run.expect_err("the step after the group failed fails");
     assert!(
         error.contains("rank 1") && error.contains("a replayed step"),
@@ -931,7 +942,7 @@ fn data_parallelism_over_a_host_collective_runs_eagerly_saying_why() {
     let mut store =
         redline_dist::StoreClient::connect(&server.address().to_string(), timeout).unwrap();
     let group = redline_dist::TcpCollective::connect(&mut store, "graph/", 0, 1, timeout).unwrap();
-    let (run, _) = data_parallel_run(&device, &train, 5, true, Some(Arc::new(group)));
+    let (run, _) = data_parallel_run(&device, &train, 5, true, Some(Arc::new(group)), false);
     let (losses, _, stats) = run.unwrap();
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
     assert_eq!((stats.replays, stats.eager_steps), (0, 3), "{stats:?}");

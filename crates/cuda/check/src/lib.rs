@@ -639,11 +639,21 @@ fn nccl(device: &Device, emulate: bool) -> Result<Value, String> {
 }
 
 /// Stage 6's last check: a data-parallel training step over a one-rank NCCL group captured as
-/// a CUDA graph (the buffer broadcast, the buckets issued from the all-reduce thread onto
-/// NCCL's stream by events, the optimizer's wait) and replayed, against the same steps run
-/// eagerly. The group's watchdog timeout is short and outlived afterwards: a captured
-/// collective it tried to watch (its event can never be queried) would abort the group.
+/// a CUDA graph (the buffer broadcast, the buckets the backward thread issues onto NCCL's
+/// stream by events, the optimizer's wait) and replayed, against the same steps run
+/// eagerly; then the same with synchronised batch norm, whose sums share the group. The
+/// group's watchdog timeout is short and outlived afterwards: a captured collective it tried
+/// to watch (its event can never be queried) would abort the group.
 fn nccl_captured_step(device: &Device) -> Result<Value, String> {
+    let plain = nccl_captured_run(device, false)?;
+    let sync_bn = nccl_captured_run(device, true)?;
+    let mut report = plain;
+    report["sync_batch_norm"] = sync_bn;
+    Ok(report)
+}
+
+/// [`nccl_captured_step`]'s eager and replayed runs, with synchronised batch norm or not.
+fn nccl_captured_run(device: &Device, sync_bn: bool) -> Result<Value, String> {
     use redline_dist::{Collective, NcclCollective, SingleProcess};
     use redline_loader::Resident;
     let err = |e: &dyn std::fmt::Display| e.to_string();
@@ -663,6 +673,9 @@ fn nccl_captured_step(device: &Device) -> Result<Value, String> {
         )?;
         let mut trainer =
             (trainer.with_data_parallel(group.clone(), 1 << 20)).map_err(|e| err(&e))?;
+        if sync_bn {
+            trainer = trainer.with_sync_batch_norm().map_err(|e| err(&e))?;
+        }
         let (pixels, labels) = speed::resident_batch(batch, res);
         let mut batches = Resident::new(
             pixels,
@@ -679,11 +692,15 @@ fn nccl_captured_step(device: &Device) -> Result<Value, String> {
         }
         Ok((losses, trainer.graph_stats().clone(), group))
     };
+    let what = match sync_bn {
+        true => "data-parallel step with synchronised batch norm",
+        false => "data-parallel step",
+    };
     let (eager, _, _) = run(false)?;
     let (replayed, stats, group) = run(true)?;
     if stats.captures != 1 || stats.eager_steps != 0 {
         return Err(format!(
-            "the data-parallel step was not captured once and replayed: {stats:?}"
+            "the {what} was not captured once and replayed: {stats:?}"
         ));
     }
     let worst = (eager.iter().zip(&replayed))
@@ -692,13 +709,13 @@ fn nccl_captured_step(device: &Device) -> Result<Value, String> {
     // bf16, and cuDNN may pick non-deterministic algorithms: equal to rounding, not in bits.
     if worst.is_nan() || worst > 2e-2 {
         return Err(format!(
-            "replayed data-parallel losses {replayed:?} differ from eager {eager:?} by {worst:e}"
+            "replayed losses of the {what} {replayed:?} differ from eager {eager:?} by {worst:e}"
         ));
     }
     device.synchronize().map_err(|e| err(&e))?;
     std::thread::sleep(timeout + std::time::Duration::from_millis(500));
     group.alive().map_err(|e| {
-        format!("the group failed after its captured collectives had finished: {e}")
+        format!("the group failed after the {what}'s captured collectives had finished: {e}")
     })?;
     Ok(json!({
         "model": "resnet18", "res": res, "batch": batch, "steps": steps,
