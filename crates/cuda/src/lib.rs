@@ -41,9 +41,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    stats_dtype, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams, DType, Download, Event,
-    Graph, HostBytes, Layout, Op, Pool2dParams, ReduceOp, Replay, Result, ScalerParams, SgdParams,
-    Storage, TensorError, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
+    stats_dtype, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams, DType, Download,
+    DownloadOf, Event, Graph, HostBytes, Layout, Op, Pool2dParams, ReduceOp, Replay, Result,
+    ScalerParams, SgdParams, Storage, TensorError, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
 };
 
 pub use emulator::Emulator;
@@ -439,19 +439,19 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn download_after(&self, x: View<'_>, after: &Event) -> Result<Download> {
+    fn download_after<'a>(&self, x: View<'a>, after: &Event) -> Result<DownloadOf<'a>> {
         let _range = nvtx::range("download_after");
         let (Some(event), true) = (self.event(after)?, x.layout.is_contiguous()) else {
             // A gather runs on the compute stream anyway: download behind it.
-            return self.download_async(x);
+            return Ok(DownloadOf::new(x, self.download_async(x)?));
         };
         let len = x.layout.numel() * x.dtype().size();
         if len == 0 {
-            return Ok(Download::ready(Vec::new()));
+            return Ok(DownloadOf::new(x, Download::ready(Vec::new())));
         }
         self.transfers.downloads.fetch_add(1, Ordering::Relaxed);
         let (at, _) = self.row_major(x)?;
-        self.gpu.download_after(at, len, event)
+        Ok(DownloadOf::new(x, self.gpu.download_after(at, len, event)?))
     }
 
     fn timestamp(&self) -> Result<Option<Timestamp>> {

@@ -3,7 +3,8 @@
 //! - [`InFlight`]: uploads from pinned memory, each buffer kept until its copy's event has
 //!   completed (then it returns to its pool — DESIGN contract 7: an event, not a synchronize),
 //!   by a reaper thread that waits on the events;
-//! - [`Staging`]: pinned buffers that asynchronous downloads land in.
+//! - [`Staging`]: pinned buffers that asynchronous downloads land in, each back in the pool
+//!   once its copy has completed — waited for, or its download dropped (which waits).
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -216,29 +217,34 @@ unsafe impl Send for StagingBuffer {}
 
 /// Pinned buffers for asynchronous downloads, reused (a step reads back a loss of a few bytes;
 /// cuMemHostAlloc per read would cost more than the copy).
-pub struct Staging {
+pub struct Staging(Arc<StagingPool>);
+
+/// The buffers, shared with the downloads in flight: the last of them to go frees them all.
+struct StagingPool {
     allocator: PinnedAllocator,
-    free: Arc<Mutex<Vec<StagingBuffer>>>,
+    free: Mutex<Vec<StagingBuffer>>,
 }
 
 impl Staging {
     pub fn new(ctx: Arc<CudaContext>) -> Self {
-        Self {
+        Self(Arc::new(StagingPool {
             allocator: PinnedAllocator::new(ctx),
-            free: Arc::new(Mutex::new(Vec::new())),
-        }
+            free: Mutex::new(Vec::new()),
+        }))
     }
 
     /// Enqueues a copy of `len` bytes at `src` into a pinned buffer and returns the function
-    /// that waits for it and hands the bytes over.
+    /// that waits for it, gives the buffer back and hands the bytes over. Dropped uncalled (a
+    /// [`redline_tensor::Download`] dropped unwaited), it waits for the copy all the same.
     pub fn download(
         &self,
         stream: &Arc<CudaStream>,
         src: sys::CUdeviceptr,
         len: usize,
     ) -> Result<impl FnOnce() -> Result<Vec<u8>, String> + Send + 'static, String> {
+        let pool = &self.0;
         let taken = {
-            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut free = pool.free.lock().unwrap_or_else(|p| p.into_inner());
             free.iter()
                 .position(|b| b.len >= len)
                 .map(|i| free.swap_remove(i))
@@ -247,40 +253,98 @@ impl Staging {
             Some(b) => b,
             None => {
                 let len = len.max(4096);
-                let ptr = self.allocator.allocate(len).map_err(|e| e.to_string())?;
+                let ptr = pool.allocator.allocate(len).map_err(|e| e.to_string())?;
                 StagingBuffer { ptr, len }
             }
         };
         // SAFETY: the buffer holds at least `len` bytes and stays untouched until the event
         // below has completed (the closure waits for it before reading).
-        unsafe {
+        let copied = unsafe {
             let dst = std::slice::from_raw_parts_mut(buffer.ptr.as_ptr(), len);
             result::memcpy_dtoh_async(dst, src, stream.cu_stream())
+        };
+        if let Err(e) = copied {
+            pool.give_back(buffer); // nothing was enqueued into it
+            return Err(format!("download: {e:?}"));
         }
-        .map_err(|e| format!("download: {e:?}"))?;
         let event = stream
             .context()
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .and_then(|e| e.record(stream).map(|()| e))
-            .map_err(|e| format!("download event: {e:?}"))?;
-        let free = self.free.clone();
-        Ok(move || {
-            event
-                .synchronize()
-                .map_err(|e| format!("waiting for a download: {e:?}"))?;
-            // SAFETY: the copy into the buffer has completed.
-            let bytes = unsafe { std::slice::from_raw_parts(buffer.ptr.as_ptr(), len) }.to_vec();
-            free.lock().unwrap_or_else(|p| p.into_inner()).push(buffer);
-            Ok(bytes)
-        })
+            .and_then(|e| e.record(stream).map(|()| e));
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                // The copy is enqueued with no event to wait for: wait for the whole stream
+                // before the buffer can be given back.
+                if stream.synchronize().is_ok() {
+                    pool.give_back(buffer);
+                }
+                return Err(format!("download event: {e:?}"));
+            }
+        };
+        let copy = StagedCopy {
+            event,
+            buffer: Some(buffer),
+            len,
+            pool: Arc::clone(pool),
+        };
+        Ok(move || copy.finish())
     }
 }
 
-impl Drop for Staging {
+/// A download's copy into a staging buffer, in flight until its event completes. Dropped
+/// unfinished (its download dropped unwaited), it still waits for the copy: until then the
+/// buffer cannot go back to the pool, nor may the device memory it reads be reused.
+struct StagedCopy {
+    event: CudaEvent,
+    buffer: Option<StagingBuffer>,
+    len: usize,
+    pool: Arc<StagingPool>,
+}
+
+impl StagedCopy {
+    /// The bytes, once the copy has completed; the buffer back in the pool.
+    fn finish(mut self) -> Result<Vec<u8>, String> {
+        self.event
+            .synchronize()
+            .map_err(|e| format!("waiting for a download: {e:?}"))?;
+        let Some(buffer) = self.buffer.take() else {
+            return Err("a download's buffer was given back already".into());
+        };
+        // SAFETY: the copy into the buffer has completed.
+        let bytes = unsafe { std::slice::from_raw_parts(buffer.ptr.as_ptr(), self.len) }.to_vec();
+        self.pool.give_back(buffer);
+        Ok(bytes)
+    }
+}
+
+impl Drop for StagedCopy {
     fn drop(&mut self) {
-        let buffers = std::mem::take(&mut *self.free.lock().unwrap_or_else(|p| p.into_inner()));
+        // A failed wait keeps the buffer out of the pool for good: the copy may still be
+        // writing it.
+        if let Some(buffer) = self.buffer.take() {
+            if self.event.synchronize().is_ok() {
+                self.pool.give_back(buffer);
+            }
+        }
+    }
+}
+
+impl StagingPool {
+    fn give_back(&self, buffer: StagingBuffer) {
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(buffer);
+    }
+}
+
+impl Drop for StagingPool {
+    fn drop(&mut self) {
+        let buffers = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
         for b in buffers {
-            // SAFETY: allocated by this allocator; no download holds it (it is in the free list).
+            // SAFETY: allocated by this allocator; no download holds it (it is in the free
+            // list, and the downloads that took buffers hold this pool).
             unsafe { self.allocator.deallocate(b.ptr, b.len) };
         }
     }

@@ -25,6 +25,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -276,7 +277,8 @@ impl std::fmt::Display for MemoryStats {
 }
 
 /// A device-to-host copy in flight, from [`Backend::download_async`]: [`wait`](Self::wait)
-/// blocks until the bytes are on the host. Dropping it without waiting is allowed.
+/// blocks until the bytes are on the host. Dropping it without waiting is allowed (a backend
+/// whose buffers the copy still uses waits for it then).
 pub struct Download(Box<dyn FnOnce() -> Result<Vec<u8>> + Send>);
 
 impl Download {
@@ -285,7 +287,8 @@ impl Download {
         Self(Box::new(move || Ok(bytes)))
     }
 
-    /// A copy that `finish` completes (waiting for the device as needed).
+    /// A copy that `finish` completes (waiting for the device as needed). Dropped unwaited,
+    /// `finish` is dropped uncalled: what it holds cleans up after itself.
     pub fn pending(finish: impl FnOnce() -> Result<Vec<u8>> + Send + 'static) -> Self {
         Self(Box::new(finish))
     }
@@ -299,6 +302,57 @@ impl Download {
 impl fmt::Debug for Download {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Download { .. }")
+    }
+}
+
+/// A [`Download`] from [`Backend::download_after`], which borrows the storage it reads until
+/// it is waited for or dropped (a backend whose copy may still be reading then waits for it
+/// as the download drops): the copy may run on a stream of its own, after the compute stream
+/// has gone on, and a storage freed meanwhile would go back to a caching allocator that hands
+/// it to the compute stream's next op while the copy still reads it.
+///
+/// The compiler holds the storage: a tensor outlives its downloads
+///
+/// ```
+/// use redline_tensor::{DType, Device, Event, Tensor};
+/// let device = Device::reference();
+/// let t = Tensor::ones(&[4], DType::F32, &device)?;
+/// let download = device.backend().download_after(t.view(), &Event::reached())?;
+/// assert_eq!(download.wait()?.len(), 16);
+/// drop(t);
+/// # Ok::<(), redline_tensor::TensorError>(())
+/// ```
+///
+/// and cannot go first:
+///
+/// ```compile_fail
+/// use redline_tensor::{DType, Device, Event, Tensor};
+/// let device = Device::reference();
+/// let t = Tensor::ones(&[4], DType::F32, &device)?;
+/// let download = device.backend().download_after(t.view(), &Event::reached())?;
+/// drop(t);
+/// assert_eq!(download.wait()?.len(), 16);
+/// # Ok::<(), redline_tensor::TensorError>(())
+/// ```
+#[derive(Debug)]
+pub struct DownloadOf<'a> {
+    download: Download,
+    _storage: PhantomData<&'a Storage>,
+}
+
+impl<'a> DownloadOf<'a> {
+    /// `download`, reading `view`'s storage.
+    pub fn new(view: View<'a>, download: Download) -> Self {
+        let _ = view;
+        Self {
+            download,
+            _storage: PhantomData,
+        }
+    }
+
+    /// The bytes, once the copy has completed (then the storage is free to go).
+    pub fn wait(self) -> Result<Vec<u8>> {
+        self.download.wait()
     }
 }
 
@@ -788,13 +842,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Like [`download_async`](Self::download_async), but ordered after `after` only, not after
     /// every op enqueued so far (CUDA: on a copy stream that waits for the event), so a
     /// gradient can travel to the host while the rest of the backward pass runs. The caller
-    /// guarantees no op after `after` writes the view before the download is waited for, and
-    /// keeps its storage alive until then: the caching allocator reuses memory in the compute
-    /// stream's order and knows nothing of the copy stream still reading it. The default
-    /// downloads after everything, which is correct, only later.
-    fn download_after(&self, x: View<'_>, after: &Event) -> Result<Download> {
+    /// guarantees no op after `after` writes the view before the download is waited for; the
+    /// returned download borrows the view's storage until then (the caching allocator reuses
+    /// memory in the compute stream's order and knows nothing of a copy stream still reading
+    /// it). The default downloads after everything, which is correct, only later.
+    fn download_after<'a>(&self, x: View<'a>, after: &Event) -> Result<DownloadOf<'a>> {
         let _ = after;
-        self.download_async(x)
+        Ok(DownloadOf::new(x, self.download_async(x)?))
     }
 
     /// Enqueues a reading of the device's clock, taken when every op enqueued before it has

@@ -567,7 +567,11 @@ impl Backend for OpProfile {
         let f = |b: &dyn Backend| b.upload_into_after(dst, bytes, after);
         self.timed(Transfer, || "upload_into_after".into(), 0, f)
     }
-    fn download_after(&self, x: View<'_>, after: &redline_tensor::Event) -> Result<Download> {
+    fn download_after<'a>(
+        &self,
+        x: View<'a>,
+        after: &redline_tensor::Event,
+    ) -> Result<redline_tensor::DownloadOf<'a>> {
         let f = |b: &dyn Backend| b.download_after(x, after);
         self.timed(Transfer, || "download_after".into(), 0, f)
     }
