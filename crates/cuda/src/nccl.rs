@@ -10,7 +10,13 @@
 //! NCCL waits forever for a peer that died mid-collective. A watchdog thread per communicator
 //! looks at the oldest unfinished collective: past the group's timeout it aborts the
 //! communicator (`ncclCommAbort` ends the kernels), so the job fails with a message instead of
-//! hanging — PyTorch's `TORCH_NCCL_ASYNC_ERROR_HANDLING`.
+//! hanging — PyTorch's `TORCH_NCCL_ASYNC_ERROR_HANDLING`. The abort never runs beside another
+//! NCCL call on the communicator (it frees it), except one blocked past the timeout, which
+//! only an abort ends. A call that fails aborts it too (NCCL's guidance: nothing can be
+//! assumed of a communicator after an error), and one dropped while its collectives are still
+//! unfinished after the timeout is aborted rather than destroyed (which would wait forever).
+//! A call answering `ncclInProgress` (a non-blocking communicator: `NCCL_COMM_BLOCKING=0`) is
+//! polled to its end within the timeout.
 //!
 //! Collectives may be captured into a CUDA graph (NCCL ≥ 2.9): when the event a collective
 //! waits for was recorded on a capturing stream, NCCL's stream joins the capture and the calls
@@ -49,6 +55,10 @@ impl std::fmt::Debug for UniqueId {
 
 type Comm = *mut c_void;
 type Status = c_int;
+
+/// `ncclInProgress`: the call goes on in the background (a non-blocking communicator, which
+/// `NCCL_COMM_BLOCKING=0` makes of any); `ncclCommGetAsyncError` says when it has ended.
+const IN_PROGRESS: Status = 7;
 
 /// `ncclAllReduce` and `ncclBroadcast`: (send, receive, count, type, op or root, comm, stream).
 type InPlace = unsafe extern "C" fn(
@@ -222,9 +232,9 @@ struct Inner {
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time: every enqueue
-// below holds `enqueuing`. The watchdog's calls (ncclCommGetAsyncError, ncclCommAbort) are the
-// two NCCL allows from another thread while a call runs — abort exists to end a blocked one,
-// as PyTorch's watchdog does.
+// below holds `enqueuing`, and so does the watchdog's abort — except of an enqueue blocked past
+// the timeout, which only an abort ends (as PyTorch's watchdog does). The watchdog's other
+// call, ncclCommGetAsyncError, NCCL allows from another thread while a call runs.
 unsafe impl Send for Inner {}
 unsafe impl Sync for Inner {}
 
@@ -252,7 +262,17 @@ impl Communicator {
         // SAFETY: an out-parameter; the id is passed by value as nccl.h declares.
         let status =
             unsafe { (nccl.f.comm_init_rank)(&mut comm, world as c_int, *id, rank as c_int) };
-        nccl.check("ncclCommInitRank", status)?;
+        let joined = match status {
+            IN_PROGRESS => settle(nccl, comm, "ncclCommInitRank", Instant::now() + timeout),
+            status => nccl.check("ncclCommInitRank", status),
+        };
+        if let Err(why) = joined {
+            if !comm.is_null() {
+                // SAFETY: a communicator that failed to join; not used again.
+                unsafe { (nccl.f.comm_abort)(comm) };
+            }
+            return Err(why);
+        }
         let inner = Arc::new(Inner {
             nccl,
             comm,
@@ -322,8 +342,10 @@ impl Communicator {
                 let dtype = data_type(b.dtype);
                 // SAFETY: `b` is a device allocation of `len` elements of its dtype, alive
                 // until the event is waited for; send = receive is allowed.
-                let status = unsafe { f(ptr, ptr, b.len, dtype, arg, comm, stream) };
-                self.inner.nccl.check(what, status)
+                match unsafe { f(ptr, ptr, b.len, dtype, arg, comm, stream) } {
+                    IN_PROGRESS => Ok(()), // settled with the group
+                    status => self.inner.nccl.check(what, status),
+                }
             })
         })
     }
@@ -363,7 +385,8 @@ impl Communicator {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = now;
         };
-        since(Some((Instant::now(), what.to_string())));
+        let start = Instant::now();
+        since(Some((start, what.to_string())));
         // SAFETY: no arguments; paired with the group end below whatever `calls` returns.
         let started = inner
             .nccl
@@ -371,11 +394,33 @@ impl Communicator {
         let enqueued = started.and_then(|()| {
             let called = calls(inner.comm, inner.stream.cu_stream());
             // SAFETY: closes the group opened above.
-            let ended = inner.nccl.check("ncclGroupEnd", unsafe { (f.group_end)() });
+            let ended = match unsafe { (f.group_end)() } {
+                IN_PROGRESS => {
+                    // Out of NCCL's calls and timed here: the watchdog must not abort the
+                    // communicator under this thread's polling.
+                    since(None);
+                    settle(
+                        inner.nccl,
+                        inner.comm,
+                        "ncclGroupEnd",
+                        start + inner.timeout,
+                    )
+                }
+                status => inner.nccl.check("ncclGroupEnd", status),
+            };
             called.and(ended)
         });
         since(None);
-        enqueued?;
+        if let Err(why) = enqueued {
+            // Nothing can be assumed of a communicator a call failed on (NCCL's guidance):
+            // abort it, so no later call or replay runs on it.
+            let why = format!(
+                "NCCL {what} on rank {} of {}: {why}; the communicator was aborted",
+                inner.rank, inner.world
+            );
+            inner.abort(why.clone());
+            return Err(why);
+        }
         let event = inner
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -425,6 +470,38 @@ impl Communicator {
     }
 }
 
+impl Inner {
+    /// Marks the communicator broken with `why` and aborts it (ending its kernels), once: a
+    /// second abort would touch the freed communicator. The caller keeps other NCCL calls
+    /// out (holds `enqueuing`), unless one is blocked for good.
+    fn abort(&self, why: String) {
+        let mut broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        if broken.is_none() {
+            *broken = Some(why);
+            // SAFETY: the communicator is alive and aborted only here, once; marked broken,
+            // nothing enqueues on it again.
+            unsafe { (self.nccl.f.comm_abort)(self.comm) };
+        }
+    }
+}
+
+/// Waits for a call that returned `ncclInProgress` to end, by `deadline`: its final status.
+fn settle(nccl: &Nccl, comm: Comm, call: &str, deadline: Instant) -> Result<(), String> {
+    loop {
+        let mut status: Status = IN_PROGRESS;
+        // SAFETY: the communicator is alive; an out-parameter.
+        let asked = unsafe { (nccl.f.comm_async_error)(comm, &mut status) };
+        nccl.check("ncclCommGetAsyncError", asked)?;
+        if status != IN_PROGRESS {
+            return nccl.check(call, status);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{call} still in progress at the timeout"));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 /// Every 50 ms: forget finished collectives; abort the communicator when the oldest has run
 /// past the timeout or NCCL reports an asynchronous error (a peer's failure).
 fn watchdog(watched: Weak<Inner>) {
@@ -465,11 +542,17 @@ fn watchdog(watched: Weak<Inner>) {
             )),
         };
         if let Some(why) = why {
-            // SAFETY: ends this communicator's kernels; it is not used again (broken below).
-            unsafe { (inner.nccl.f.comm_abort)(inner.comm) };
-            *inner.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-            in_flight.clear();
-            return;
+            // No NCCL call may run on the communicator while it is aborted (abort frees it):
+            // an enqueue under way is waited for, unless it is the one blocked past the
+            // timeout, which only an abort ends (as PyTorch's watchdog does).
+            let enqueue_late = blocked.is_some_and(|(since, _)| since.elapsed() > inner.timeout);
+            let enqueuing = inner.enqueuing.try_lock();
+            let idle = !matches!(enqueuing, Err(std::sync::TryLockError::WouldBlock));
+            if idle || enqueue_late {
+                inner.abort(why);
+                in_flight.clear();
+                return;
+            }
         }
         drop(in_flight);
         drop(inner);
@@ -479,13 +562,47 @@ fn watchdog(watched: Weak<Inner>) {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if self.broken.get_mut().map_or(true, |b| b.is_none()) {
-            // Collectives replayed inside a graph run on the compute stream, not this one: the
-            // whole context's work must finish before the communicator goes.
-            let _ = self.ctx.synchronize();
-            let _ = self.stream.synchronize();
-            // SAFETY: the communicator's work has finished; it is not used again.
-            unsafe { (self.nccl.f.comm_destroy)(self.comm) };
+        if self
+            .broken
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            return; // aborted: NCCL has freed it
+        }
+        // Destroying waits for the communicator's collectives, forever if a peer died: give
+        // the watched ones (replays included) the timeout to finish, then abort instead.
+        let deadline = Instant::now() + self.timeout;
+        let finished = loop {
+            let in_flight = self.in_flight.get_mut().unwrap_or_else(|p| p.into_inner());
+            in_flight.retain(|(e, _, _)| !e.is_complete());
+            let mut status: Status = 0;
+            // SAFETY: the communicator is alive; an out-parameter.
+            let _ = unsafe { (self.nccl.f.comm_async_error)(self.comm, &mut status) };
+            if status != 0 && status != IN_PROGRESS {
+                break false;
+            }
+            if in_flight.is_empty() {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        match finished {
+            true => {
+                // Collectives replayed inside a graph run on the compute stream, not this
+                // one: the whole context's work must finish before the communicator goes.
+                let _ = self.ctx.synchronize();
+                let _ = self.stream.synchronize();
+                // SAFETY: the communicator's work has finished; it is not used again.
+                unsafe { (self.nccl.f.comm_destroy)(self.comm) };
+            }
+            // SAFETY: ends the collectives still waiting; the communicator is not used again.
+            false => unsafe {
+                (self.nccl.f.comm_abort)(self.comm);
+            },
         }
     }
 }
