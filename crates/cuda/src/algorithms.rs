@@ -35,7 +35,7 @@ pub struct Choice {
 pub fn key(plan: &ConvPlan, deterministic: bool) -> String {
     let t = |d: &TensorDesc| format!("{:?}/{:?}", d.dims, d.strides);
     format!(
-        "{} {:?} x={} w={:?}/{:?} y={} pad={:?} stride={:?} dilation={:?} groups={}{}",
+        "{} {:?} x={} w={:?}/{:?} y={} pad={:?} stride={:?} dilation={:?} groups={}{}{}",
         plan.dtype,
         plan.direction,
         t(&plan.x),
@@ -46,6 +46,7 @@ pub fn key(plan: &ConvPlan, deterministic: bool) -> String {
         plan.stride,
         plan.dilation,
         plan.groups,
+        if plan.aligned { "" } else { " unaligned" },
         if deterministic { " deterministic" } else { "" },
     )
     .replace(' ', "")
@@ -219,6 +220,7 @@ mod tests {
             stride: [1, 1],
             dilation: [1, 1],
             groups: 1,
+            aligned: true,
         }
     }
 
@@ -237,13 +239,14 @@ mod tests {
         let k = key(&base, false);
         assert!(!k.contains(char::is_whitespace), "{k}");
         let mut others = vec![key(&base, true), key(&plan(Direction::WeightGrad), false)];
-        let changes: [fn(&mut ConvPlan); 6] = [
+        let changes: [fn(&mut ConvPlan); 7] = [
             |p| p.dtype = DType::F16,
             |p| p.x.strides = [200704, 3136, 56, 1],
             |p| p.w.format = FilterFormat::Nchw,
             |p| p.padding = [0, 0],
             |p| p.stride = [2, 2],
             |p| p.groups = 2,
+            |p| p.aligned = false,
         ];
         for change in changes {
             let mut p = base;

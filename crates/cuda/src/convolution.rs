@@ -57,6 +57,10 @@ pub struct ConvPlan {
     pub stride: [i32; 2],
     pub dilation: [i32; 2],
     pub groups: i32,
+    /// Every operand starts on a 16-byte boundary (whole allocations do; a view may not). A
+    /// plan of its own either way: cuDNN may reject an algorithm for an unaligned operand, and
+    /// that must not refuse the plan for aligned ones (its Find measures on aligned buffers).
+    pub aligned: bool,
 }
 
 fn int(v: usize) -> Option<i32> {
@@ -143,6 +147,7 @@ impl ConvPlan {
             stride: pair(p.stride)?,
             dilation: pair(p.dilation)?,
             groups: int(p.groups)?,
+            aligned: true,
         })
     }
 }

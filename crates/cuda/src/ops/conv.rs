@@ -143,11 +143,13 @@ fn library(
     dtype: DType,
     p: &Conv2dParams,
 ) -> Result<bool> {
-    let Some(plan) = ConvPlan::new(dtype, direction, x.0, w.0, y.0, p) else {
+    let Some(mut plan) = ConvPlan::new(dtype, direction, x.0, w.0, y.0, p) else {
         return Ok(false);
     };
     let first = |(l, ptr): (&Layout, DevicePtr)| ptr.offset(l.offset() * dtype.size());
-    gpu.conv(&plan, [first(x), first(w), first(y)])
+    let operands = [first(x), first(w), first(y)];
+    plan.aligned = operands.iter().all(|at| at.0 % 16 == 0);
+    gpu.conv(&plan, operands)
 }
 
 pub fn conv2d(
