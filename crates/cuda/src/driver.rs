@@ -412,13 +412,9 @@ impl CudaDriver {
 
     /// The module of the family that holds `kernel`, compiled for this device on first use.
     fn module_for(&self, kernel: &str) -> Result<Arc<Module>> {
-        let families = kernels::families();
-        let family = families
-            .iter()
-            .find(|f| f.instantiations.iter().any(|i| i == kernel))
-            .ok_or_else(|| {
-                self.error("launch", format!("no kernel instantiation named {kernel}"))
-            })?;
+        let family = kernels::family_of(kernel).ok_or_else(|| {
+            self.error("launch", format!("no kernel instantiation named {kernel}"))
+        })?;
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = modules.get(family.source.name) {
             return Ok(m.clone());

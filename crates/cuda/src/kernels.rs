@@ -211,6 +211,21 @@ fn family(name: &'static str, text: &'static str, instantiations: Vec<String>) -
     }
 }
 
+/// The family that holds instantiation `kernel`, looked up in an index built once: every
+/// launch asks, and building the list of families names some five hundred kernels.
+pub fn family_of(kernel: &str) -> Option<&'static Family> {
+    type Index = (Vec<Family>, std::collections::HashMap<String, usize>);
+    static INDEX: std::sync::OnceLock<Index> = std::sync::OnceLock::new();
+    let (families, by_kernel) = INDEX.get_or_init(|| {
+        let families = families();
+        let by_kernel = (families.iter().enumerate())
+            .flat_map(|(i, f)| f.instantiations.iter().map(move |k| (k.clone(), i)))
+            .collect();
+        (families, by_kernel)
+    });
+    by_kernel.get(kernel).map(|&i| &families[i])
+}
+
 /// Every family with every instantiation the backend's declared matrix can launch.
 pub fn families() -> Vec<Family> {
     let floats = [DType::F64, DType::F32, DType::F16, DType::BF16];
