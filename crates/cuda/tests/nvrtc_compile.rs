@@ -2,7 +2,8 @@
 //! architecture, with ptxas's registers, shared memory and spills per kernel printed as a table.
 //! A compile error fails, and so does a spill in a family marked hot, and a `*_packed` kernel
 //! whose PTX moves its 16-byte packs otherwise than by 128-bit loads and stores (loads only for
-//! batch norm's sums, which store no packs). Ignored in a plain
+//! batch norm's sums, which store no packs), and a conversion between 32- and 16-bit floats
+//! that goes through double arithmetic (1/64 of the float rate on consumer GPUs). Ignored in a plain
 //! `cargo test`; `cargo xtask test` runs it with `--ignored`
 //! (`REDLINE_NVRTC_FAMILIES=norm.cu,pool.cu` compiles only the families named). Without NVRTC it prints the skip
 //! marker xtask reports as "skipped" — or fails when `REDLINE_HARDWARE_REQUIRED=1` (CI,
@@ -90,6 +91,13 @@ fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
                             ));
                         }
                     }
+                    if narrow_float_conversion(kernel) {
+                        let ptx = cubin.kernel_ptx(kernel).unwrap_or_default();
+                        if ptx.contains(".f64") {
+                            failures
+                                .push(format!("{kernel} on {arch}: double arithmetic in its PTX"));
+                        }
+                    }
                     if hot && r.spills() {
                         failures.push(format!(
                             "{kernel} spills on {arch} ({} bytes stored, {} loaded)",
@@ -150,6 +158,16 @@ fn every_kernel_compiles_for_every_architecture_without_spills_where_hot() {
         assert_eq!(compile::read(&dir, family, arch).as_ref(), Some(&compiled));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `convert<A, B>` between float, __half and __nv_bfloat16 (exact in float: no double needed).
+fn narrow_float_conversion(kernel: &str) -> bool {
+    let narrow = ["float", "__half", "__nv_bfloat16"];
+    let types = kernel
+        .strip_prefix("convert<")
+        .and_then(|k| k.strip_suffix('>'))
+        .and_then(|k| k.split_once(", "));
+    types.is_some_and(|(a, b)| narrow.contains(&a) && narrow.contains(&b))
 }
 
 /// Whether some `op` (`ld.global`, `st.global`, with any qualifiers such as `.nc`) in `ptx`
