@@ -1,4 +1,4 @@
-//! `cargo xtask doctor [REPORT] [--run [-- BENCH OPTIONS]] [--json]`: the bottleneck of a run,
+//! `cargo xtask doctor [REPORT...] [--run [-- BENCH OPTIONS]] [--json]`: the bottleneck of a run,
 //! named by `redline-doctor` from a bench or train JSON — or from a short `bench imagenet`
 //! with `--profile-ops` that `--run` measures first (device time per op where the device has
 //! a clock).
@@ -14,8 +14,9 @@ use crate::run;
 #[derive(Args)]
 pub struct DoctorArgs {
     /// A report: bench-imagenet's JSON (`cargo xtask bench imagenet` writes
-    /// target/bench-imagenet.json) or redline-train's `--json`.
-    report: Option<PathBuf>,
+    /// target/bench-imagenet.json), redline-train's `--json` or redline-gpu-check's; several
+    /// gpu-check reports (a GPU window's runs of one pack) are judged as one.
+    reports: Vec<PathBuf>,
     /// Measure first: `bench imagenet --profile-ops --steps 5`, with the options after `--`
     /// (e.g. `-- --device wgpu --model resnet18`), then diagnose its report.
     #[arg(long)]
@@ -37,13 +38,13 @@ struct BenchLine {
 }
 
 pub fn run(args: DoctorArgs) -> Result<()> {
-    let report = match (&args.report, args.run) {
-        (Some(_), true) => bail!("give a report or --run, not both"),
-        (None, false) => {
+    let reports = match (args.reports.is_empty(), args.run) {
+        (false, true) => bail!("give a report or --run, not both"),
+        (true, false) => {
             bail!("give a report (a bench or train JSON) or --run to measure a short bench first")
         }
-        (Some(path), false) => path.clone(),
-        (None, true) => {
+        (false, false) => args.reports.clone(),
+        (true, true) => {
             let path = run::target_dir().join("doctor-bench.json");
             let mut line = vec!["bench-imagenet".to_string()];
             line.extend(["--profile-ops", "--warmup", "2", "--steps", "5"].map(String::from));
@@ -52,13 +53,13 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             line.extend(args.bench.iter().cloned());
             let bench = BenchLine::try_parse_from(line)?;
             crate::imagenet::run(bench.args)?;
-            path
+            vec![path]
         }
     };
     let mut cmd = run::cargo();
     cmd.args(["run", "--release", "--quiet", "--package", "redline"])
         .args(["--bin", "redline-doctor", "--"])
-        .arg(&report);
+        .args(&reports);
     if args.json {
         cmd.arg("--json");
     }

@@ -32,6 +32,8 @@ const RUN_SH: &str = r#"#!/bin/sh
 # Runs the CUDA backend's GPU check; writes gpu-check.json here as it goes.
 # Extra arguments go to the check (e.g. --steps 20 --batch 32).
 cd "$(dirname "$0")" || exit 1
+# A copy may have lost the executable bit.
+[ -x ./redline-gpu-check ] || chmod +x ./redline-gpu-check
 exec ./redline-gpu-check --json gpu-check.json "$@"
 "#;
 

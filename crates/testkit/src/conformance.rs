@@ -229,7 +229,21 @@ pub fn run_conformance_on(device: &Device, config: &SuiteConfig, ops: &[Op]) -> 
                     }
                 },
             };
+            let failed = cell == Cell::Failed;
             report.cells.push((op, dtype, cell));
+            if failed {
+                // Said as it happens: a run ended from outside (a timeout) keeps the first.
+                eprintln!("conformance on {}: {op}/{dtype} FAILED", device.name());
+                // A device left in error (CUDA's sticky errors: an illegal address) fails every
+                // later pair, each shrinking first: stop at the one that broke it.
+                if let Err(e) = device.synchronize() {
+                    report.failures.push(format!(
+                        "{} is in error after {op}/{dtype} ({e}): the pairs after it were not run",
+                        device.name()
+                    ));
+                    return report;
+                }
+            }
         }
     }
     if let Err(e) = check_invalid_inputs(device) {

@@ -22,6 +22,8 @@ use serde_json::{json, Value};
 
 mod gpu_check;
 
+pub use gpu_check::merge as merge_gpu_checks;
+
 pub const DATA_STALL: f64 = 0.02;
 pub const HOST_BOUND: f64 = 0.5;
 pub const BUSY: f64 = 0.85;

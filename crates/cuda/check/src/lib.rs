@@ -147,16 +147,33 @@ impl Journal {
         self.flush();
     }
 
+    /// What stage `name` has measured so far, written at once: a stage that fails or is ended
+    /// by its timeout keeps it (as `partial`).
+    fn progress(&self, name: &str, detail: &Value) {
+        self.set("in_progress", json!({"name": name, "detail": detail}));
+    }
+
     fn stage(&self, name: &str, seconds: f64, result: &Result<Value, String>) {
-        let entry = match result {
-            Ok(detail) => {
+        let mut doc = self.doc();
+        let partial = match doc.remove("in_progress") {
+            Some(p) if p["name"] == name => Some(p["detail"].clone()),
+            _ => None,
+        };
+        let entry = match (result, partial) {
+            (Ok(detail), _) => {
                 json!({"name": name, "passed": true, "seconds": seconds, "detail": detail})
             }
-            Err(e) => json!({"name": name, "passed": false, "seconds": seconds, "error": e}),
+            (Err(e), Some(partial)) => json!({
+                "name": name, "passed": false, "seconds": seconds, "error": e, "partial": partial,
+            }),
+            (Err(e), None) => {
+                json!({"name": name, "passed": false, "seconds": seconds, "error": e})
+            }
         };
-        if let Some(Value::Array(stages)) = self.doc().get_mut("stages") {
+        if let Some(Value::Array(stages)) = doc.get_mut("stages") {
             stages.push(entry);
         }
+        drop(doc);
         self.flush();
     }
 
@@ -285,6 +302,7 @@ pub fn run(options: &Options) -> bool {
             ..options.speed.clone()
         };
         stage(&journal, 9, "speed", &mut || {
+            let deadline = Instant::now() + options.stage_timeout;
             // What the earlier stages left cached goes back first, and again before PyTorch's
             // process starts (ResNet-50 at batch 256 reserves tens of GiB).
             let release = || {
@@ -292,8 +310,16 @@ pub fn run(options: &Options) -> bool {
                 device.synchronize().map_err(|e| e.to_string())
             };
             release()?;
-            let mut report = speed::stage(&device, &name, &speed, &release)?;
+            let progress = |so_far: &Value| journal.progress("speed", so_far);
+            let sides = speed::Sides {
+                release: &release,
+                progress: &progress,
+                deadline,
+            };
+            let mut report = speed::stage(&device, &name, &speed, &sides)?;
             report["memory"] = json!(backend.memory_stats().to_string());
+            // Whether cuDNN and cuBLASLt ran the convolutions and matmuls, or our kernels did.
+            report["libraries"] = libraries(&**backend.gpu());
             // The 3-channel stem run as 4 for cuDNN (REDLINE_CUDNN_PAD_STEM=0: as it is).
             report["stem_padded_to_4_channels"] = json!(backend.gpu().pads_stem_channels());
             Ok(report)
@@ -341,7 +367,10 @@ fn watch(journal: &Journal, name: &str, limit: Duration, started: Instant) -> mp
             journal.set("timed_out", json!(name));
             journal.set("passed", json!(false));
             journal.set("seconds", json!(started.elapsed().as_secs_f64()));
-            std::process::exit(124);
+            // Not `exit`: its handlers (the CUDA libraries' teardown) could wait on the very
+            // call that hangs. Child processes end with this one (`scaling::dies_with_parent`).
+            // SAFETY: ends the process at once; the JSON is written and renamed above.
+            unsafe { libc::_exit(124) }
         }
     });
     done
@@ -731,7 +760,9 @@ fn conformance(device: &Device, cases: u32, ops: &[Op]) -> Result<Value, String>
         device,
         &redline_testkit::SuiteConfig {
             cases,
-            max_shrink_ms: 10_000,
+            // A first GPU run may fail many pairs: the failing case, not the smallest one,
+            // within a short window.
+            max_shrink_ms: 1_000,
         },
         ops,
     );
@@ -964,6 +995,32 @@ mod tests {
         );
         assert_eq!(doc["binary_sha256"].as_str().map(str::len), Some(64));
         let _ = std::fs::remove_file(&json);
+    }
+
+    /// A stage that fails (or is ended by its timeout) keeps what it reported on the way in the
+    /// JSON; one that passes, or another stage, does not carry it.
+    #[test]
+    fn a_failed_stage_keeps_its_progress_as_partial() {
+        let path = std::env::temp_dir().join(format!("partial-{}.json", std::process::id()));
+        let journal = Journal::new(&path);
+        let read =
+            || -> Value { serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap() };
+        journal.progress("speed", &json!({"redline": {"img_per_s": 3000.0}}));
+        // Written at once: a process ended now keeps it.
+        assert_eq!(read()["in_progress"]["name"], "speed");
+        journal.stage("speed", 1.0, &Err("PyTorch ran past the deadline".into()));
+        let doc = read();
+        assert_eq!(doc["stages"][0]["partial"]["redline"]["img_per_s"], 3000.0);
+        assert!(doc["in_progress"].is_null(), "{doc}");
+        journal.progress("speed", &json!({"so": "far"}));
+        journal.stage("speed", 1.0, &Ok(json!({"all": "of it"})));
+        journal.progress("training", &json!({"so": "far"}));
+        journal.stage("graph", 1.0, &Err("failed".into()));
+        let doc = read();
+        assert!(doc["stages"][1]["partial"].is_null(), "{doc}");
+        assert_eq!(doc["stages"][1]["detail"]["all"], "of it");
+        assert!(doc["stages"][2]["partial"].is_null(), "{doc}");
+        let _ = std::fs::remove_file(&path);
     }
 
     /// The device, conformance, AMP and own-kernel stages on the host emulator: the check's own code runs

@@ -228,6 +228,20 @@ pub(crate) fn drain(child: &mut Child) -> [std::thread::JoinHandle<String>; 2] {
     [out, err]
 }
 
+/// Makes the process `cmd` starts end with this one (Linux's parent-death signal): a check
+/// ended by its stage watchdog must not leave PyTorch's side or a rank holding the GPU while
+/// the machine's next command runs.
+pub(crate) fn dies_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe, the one call made between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
 /// Runs a job of `world` ranks to completion and returns each rank's report, in rank order.
 /// The first rank to fail stops the others (they would wait on it until their own timeout);
 /// past `timeout` every rank is stopped.
@@ -245,6 +259,7 @@ pub fn job(o: &ScaleOptions, world: usize) -> Result<Vec<Value>, String> {
             let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
             cmd.env("REDLINE_CPU_THREADS", (cores / world).max(1).to_string());
         }
+        dies_with_parent(&mut cmd);
         match cmd.spawn() {
             Ok(mut child) => {
                 let pipes = drain(&mut child);
@@ -379,4 +394,28 @@ pub fn stage(o: &ScaleOptions) -> Result<Value, String> {
         "ranks": many,
         "one_process": one,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The signal comes when the thread that started the child ends (Linux ties it to the
+    /// thread): here a helper thread, in the check the main thread, which ends with the process.
+    #[test]
+    fn a_child_started_to_die_with_its_parent_does() {
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = std::thread::spawn(|| {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("60");
+            dies_with_parent(&mut cmd);
+            cmd.spawn().unwrap()
+        })
+        .join()
+        .unwrap();
+        let started = Instant::now();
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        assert!(started.elapsed() < Duration::from_secs(30));
+    }
 }

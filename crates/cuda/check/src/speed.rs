@@ -372,6 +372,7 @@ pub fn pytorch(o: &SpeedOptions, device: &str) -> Result<Value, String> {
 /// otherwise block until the timeout killed it.
 fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<std::process::Output, String> {
     use std::process::Stdio;
+    crate::scaling::dies_with_parent(&mut cmd);
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -413,15 +414,29 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<std::process:
     })
 }
 
-/// The stage: ours, then PyTorch's where asked, the ratios, the achieved share of the card's
-/// tensor peak. `device_name` is the GPU's (for its peak). `release` hands this process's
-/// cached device memory back before PyTorch's process starts, so both sides have the card's
-/// memory (cuDNN's algorithm choice depends on the workspace it may take).
+/// What the stage needs of its caller: `release` hands this process's cached device memory
+/// back before PyTorch's process starts, so both sides have the card's memory (cuDNN's
+/// algorithm choice depends on the workspace it may take); `progress` is told the report so
+/// far after each part (a stage ended by its timeout keeps it); PyTorch's side must end by
+/// `deadline`.
+pub struct Sides<'a> {
+    pub release: &'a dyn Fn() -> Result<(), String>,
+    pub progress: &'a dyn Fn(&Value),
+    pub deadline: Instant,
+}
+
+/// Time PyTorch's side keeps for the loader-fed run after it, within the stage's limit.
+const AFTER_PYTORCH: Duration = Duration::from_secs(30);
+
+/// The stage: ours fed from memory, then PyTorch's where asked (the comparison the goal is
+/// about), then ours fed by the loader; the ratios, the achieved share of the card's tensor
+/// peak. `device_name` is the GPU's (for its peak). A loader-fed run that fails fails the
+/// stage after everything else has been measured and reported.
 pub fn stage(
     device: &Device,
     device_name: &str,
     o: &SpeedOptions,
-    release: &dyn Fn() -> Result<(), String>,
+    sides: &Sides<'_>,
 ) -> Result<Value, String> {
     let ours = ours(device, o)?;
     let ours_ips = ours["img_per_s"].as_f64().unwrap_or(f64::NAN);
@@ -439,24 +454,49 @@ pub fn stage(
         report["tensor_peak_tflops"] = json!(peak);
         report["share_of_peak"] = json!(achieved / peak);
     }
-    if o.vs_loader {
-        let fed = loader_fed(device, o)?;
-        if let Some(ips) = fed["img_per_s"].as_f64() {
-            eprintln!(
-                "gpu-check: speed: fed by the loader {ips:.0} img/s ({:.1}% of memory-fed), data stall {:.3}",
-                100.0 * ips / ours_ips,
-                fed["data_stall"].as_f64().unwrap_or(f64::NAN)
-            );
-            report["loader_fed_share_of_memory_fed"] = json!(ips / ours_ips);
+    (sides.progress)(&report);
+    match o.vs_pytorch {
+        true => {
+            (sides.release)()?;
+            let left = sides.deadline.saturating_duration_since(Instant::now());
+            let timeout = o.pytorch_timeout.min(left.saturating_sub(AFTER_PYTORCH));
+            let o = SpeedOptions {
+                pytorch_timeout: timeout,
+                ..o.clone()
+            };
+            compare(&mut report, pytorch(&o, "cuda"), ours_ips);
         }
-        report["redline_loader_fed"] = fed;
+        false => {
+            report["pytorch"] = json!({"not_run": "the emulator is not a GPU to compare on"});
+        }
     }
-    if !o.vs_pytorch {
-        report["pytorch"] = json!({"not_run": "the emulator is not a GPU to compare on"});
-        return Ok(report);
+    (sides.progress)(&report);
+    if o.vs_loader {
+        match loader_fed(device, o) {
+            Ok(fed) => {
+                if let Some(ips) = fed["img_per_s"].as_f64() {
+                    eprintln!(
+                        "gpu-check: speed: fed by the loader {ips:.0} img/s ({:.1}% of memory-fed), data stall {:.3}",
+                        100.0 * ips / ours_ips,
+                        fed["data_stall"].as_f64().unwrap_or(f64::NAN)
+                    );
+                    report["loader_fed_share_of_memory_fed"] = json!(ips / ours_ips);
+                }
+                report["redline_loader_fed"] = fed;
+            }
+            Err(why) => {
+                report["redline_loader_fed"] = json!({ "error": why });
+                (sides.progress)(&report);
+                return Err(format!("the loader-fed run failed: {why}"));
+            }
+        }
     }
-    release()?;
-    match pytorch(o, "cuda") {
+    Ok(report)
+}
+
+/// PyTorch's report (or why it did not run) into `report`, with the ratios to ours.
+fn compare(report: &mut Value, theirs: Result<Value, String>, ours_ips: f64) {
+    match theirs {
         Ok(theirs) => {
             for side in ["eager", "compile"] {
                 if let Some(ips) = theirs[side]["img_per_s"].as_f64() {
@@ -475,7 +515,6 @@ pub fn stage(
             report["pytorch"] = json!({ "not_run": why });
         }
     }
-    Ok(report)
 }
 
 #[cfg(test)]
@@ -653,7 +692,18 @@ mod emulated {
             vs_loader: false,
             ..SpeedOptions::default()
         };
-        let report = stage(&device, "cuda-emulator", &options, &|| Ok(())).unwrap();
+        let told = std::sync::Mutex::new(Vec::new());
+        let sides = Sides {
+            release: &|| Ok(()),
+            progress: &|so_far| told.lock().unwrap().push(so_far.clone()),
+            deadline: Instant::now() + Duration::from_secs(600),
+        };
+        let report = stage(&device, "cuda-emulator", &options, &sides).unwrap();
+        // Told after our side, and again after PyTorch's (not run here).
+        let told = told.into_inner().unwrap();
+        assert_eq!(told.len(), 2, "{told:?}");
+        assert!(told[0]["redline"]["img_per_s"].is_number() && told[0]["pytorch"].is_null());
+        assert!(told[1]["pytorch"]["not_run"].is_string(), "{told:?}");
         let graph = &report["redline"]["graph"];
         // The capture step replays once in the warm-up, the measured step once more.
         assert_eq!(graph["replays"], 2, "{report}");

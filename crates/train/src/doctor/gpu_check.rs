@@ -2,8 +2,9 @@
 //! Its speed stage measured our ResNet step fed from memory (busy fraction from CUDA events,
 //! the host's time inside `train_step`, kernels per step from the replayed graph) and again
 //! fed by the loader (its share of the memory-fed speed, the data stall); its training stage
-//! counted a steady step's synchronisations and downloads. It times no op by op, so slow
-//! memory access is "not measured" here.
+//! counted a steady step's synchronisations and downloads. It times no op by op: of memory
+//! access it says only whether cuDNN and cuBLASLt ran the step's convolutions and matmuls
+//! (our own kernels for them are far slower), else "not measured".
 
 use serde_json::Value;
 
@@ -15,6 +16,47 @@ use super::{
 /// The loader-fed run's speed, as a share of the memory-fed run's, below which the loader
 /// counts as holding the GPU back (issue 18's goal: within 5%).
 pub const FED_SHARE: f64 = 0.95;
+
+/// One report of gpu-check runs made one after another on the same machine and commit (a
+/// short GPU window runs the correctness stages, then the speed stage alone): the later
+/// report's fields, every report's stages in order. Reports of different commits or GPUs, or
+/// that are not gpu-check's, are refused by name.
+pub fn merge(reports: &[Value]) -> Result<Value, NotAReport> {
+    let Some((last, earlier)) = reports.split_last() else {
+        return Err(NotAReport("no report to merge".into()));
+    };
+    let mut stages = Vec::new();
+    for (i, r) in reports.iter().enumerate() {
+        let Some(own) = r.get("stages").and_then(Value::as_array) else {
+            return Err(NotAReport(format!(
+                "report {} of {} is not a gpu-check report (no stages): only those merge",
+                i + 1,
+                reports.len()
+            )));
+        };
+        stages.extend(own.iter().cloned());
+    }
+    for key in ["commit", "binary_sha256"] {
+        if let Some(other) = earlier.iter().find(|r| r[key] != last[key]) {
+            return Err(NotAReport(format!(
+                "the reports come from different builds ({key} {} and {}): merge only one \
+                 pack's runs",
+                other[key], last[key]
+            )));
+        }
+    }
+    let uuid = |r: &Value| r["gpu"]["uuid"].clone();
+    if let Some(other) = earlier.iter().find(|r| uuid(r) != uuid(last)) {
+        return Err(NotAReport(format!(
+            "the reports come from different GPUs ({} and {}): merge only one machine's runs",
+            uuid(other),
+            uuid(last)
+        )));
+    }
+    let mut merged = last.clone();
+    merged["stages"] = Value::Array(stages);
+    Ok(merged)
+}
 
 /// Judges a gpu-check report from its `stages`.
 pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAReport> {
@@ -39,11 +81,7 @@ pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAR
     let findings = vec![
         data(speed),
         launches(ours, busy),
-        not_measured(
-            Bottleneck::MemoryAccess,
-            "gpu-check times no op by op: `cargo xtask bench imagenet --profile-ops` on a GPU \
-             machine with cargo gives each memory-bound op's device time and bandwidth",
-        ),
+        libraries(speed),
         synchronisation(passed("training"), busy),
     ];
     let subject = format!(
@@ -64,6 +102,53 @@ pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAR
     };
     diagnosis.verdict = holding_verdict(&diagnosis).unwrap_or_else(|| clear_verdict(speed, busy));
     Ok(diagnosis)
+}
+
+/// Memory access, as far as gpu-check sees it: whether the vendor libraries ran the
+/// convolutions and matmuls (the step's bulk), or redline's own kernels did — written to be
+/// right, not fast (a direct convolution, far from cuDNN's speed). Op by op it measures nothing.
+fn libraries(speed: &Value) -> Finding {
+    const PER_OP: &str = "`cargo xtask bench imagenet --profile-ops` on a GPU machine with \
+                          cargo gives each memory-bound op's device time and bandwidth";
+    let mut missing = Vec::new();
+    let mut used = Vec::new();
+    for (name, ops) in [("cuDNN", "convolution"), ("cuBLASLt", "matmul")] {
+        let library = &speed["libraries"][name];
+        if let Some(why) = library["not_used"].as_str() {
+            missing.push(format!(
+                "{name} was not used ({why}): every {ops} ran on our kernels"
+            ));
+        } else if let Some(refused) = library["refused_plans_on_our_kernels"].as_array() {
+            match refused.first() {
+                Some(first) => missing.push(format!(
+                    "{name} refused {} {ops} plan(s), run on our kernels instead (first: {})",
+                    refused.len(),
+                    first.as_str().unwrap_or("?")
+                )),
+                None => used.push(name),
+            }
+        }
+    }
+    if missing.is_empty() {
+        let evidence = match used.is_empty() {
+            true => format!("gpu-check times no op by op: {PER_OP}"),
+            false => format!(
+                "{} ran every plan of the step; gpu-check times no op by op: {PER_OP}",
+                used.join(" and ")
+            ),
+        };
+        return not_measured(Bottleneck::MemoryAccess, &evidence);
+    }
+    Finding {
+        bottleneck: Bottleneck::MemoryAccess,
+        status: Status::Holds,
+        share: None,
+        evidence: missing.join("; "),
+        fix: "make the library loadable (PyTorch's wheels ship cuDNN 9 and cuBLASLt; \
+              REDLINE_CUDA_LIB_DIR names a folder, and a second copy of one on the linker's path \
+              is refused: see the report's `gpu.libraries`), or see why it refused each plan"
+            .into(),
+    }
 }
 
 /// None holds: how busy the device is, how fast, and against PyTorch where it ran.
@@ -316,5 +401,80 @@ mod tests {
         for b in [Bottleneck::Data, Bottleneck::Synchronisation] {
             assert_eq!(d.finding(b).status, Status::NotMeasured, "{d}");
         }
+    }
+
+    /// A short window's two runs — correctness (with the counted training step), then the
+    /// speed stage alone — judged as one; runs of other builds or GPUs are refused.
+    #[test]
+    fn two_runs_of_one_pack_merge_into_one_report_and_others_are_refused() {
+        let whole = report(0.97, 0.9, 22, 0.80, 3);
+        let stages = whole["stages"].as_array().unwrap();
+        let run = |names: &[&str]| {
+            let mut r = whole.clone();
+            r["stages"] = json!(stages
+                .iter()
+                .filter(|s| names.iter().any(|n| s["name"] == *n))
+                .collect::<Vec<_>>());
+            r
+        };
+        let (check, speed) = (run(&["device", "training"]), run(&["device", "speed"]));
+        // Alone, the correctness run has no speed stage to judge.
+        assert!(super::super::diagnose(&check).is_err());
+        let merged = merge(&[check.clone(), speed.clone()]).unwrap();
+        let d = super::super::diagnose(&merged).unwrap();
+        // The data finding from the speed run, the synchronisations from the training stage.
+        assert_eq!(holding(&d), [Bottleneck::Data], "{d}");
+        let sync = d.finding(Bottleneck::Synchronisation);
+        assert_ne!(sync.status, Status::NotMeasured, "{d}");
+        assert!(sync.evidence.contains("3 device synchronisations"), "{d}");
+        let mut other = speed.clone();
+        other["commit"] = json!("def5678");
+        let e = merge(&[check.clone(), other]).unwrap_err().to_string();
+        assert!(
+            e.contains("different builds") && e.contains("def5678"),
+            "{e}"
+        );
+        let mut other = speed.clone();
+        other["gpu"]["uuid"] = json!("GPU-2");
+        let e = merge(&[check.clone(), other]).unwrap_err().to_string();
+        assert!(e.contains("different GPUs"), "{e}");
+        let e = merge(&[check, json!({"images_per_sec": 3.0})]).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("report 2 of 2 is not a gpu-check report"));
+    }
+
+    /// Convolutions on our direct kernels (cuDNN missing, or a plan refused) are named with the
+    /// way back to cuDNN; both libraries in use leave memory access unmeasured, as said.
+    #[test]
+    fn convolutions_off_cudnn_are_named_and_both_libraries_in_use_are_said() {
+        let with = |libraries: Value| {
+            let mut r = report(0.97, 0.9, 22, 0.99, 0);
+            r["stages"][2]["detail"]["libraries"] = libraries;
+            super::super::diagnose(&r).unwrap()
+        };
+        let used = json!({"path": "/x", "version": "9", "refused_plans_on_our_kernels": []});
+        let d = with(json!({"cuDNN": {"not_used": "libcudnn.so.9 not found"}, "cuBLASLt": used}));
+        assert_eq!(holding(&d), [Bottleneck::MemoryAccess], "{d}");
+        let f = d.finding(Bottleneck::MemoryAccess);
+        assert!(
+            f.evidence
+                .contains("cuDNN was not used (libcudnn.so.9 not found)"),
+            "{d}"
+        );
+        assert!(f.fix.contains("REDLINE_CUDA_LIB_DIR"), "{d}");
+        let refused = json!({"path": "/x", "version": "9",
+                             "refused_plans_on_our_kernels": ["conv 7x7: BAD_PARAM"]});
+        let d = with(json!({"cuDNN": refused, "cuBLASLt": used}));
+        let f = d.finding(Bottleneck::MemoryAccess);
+        assert!(f.evidence.contains("refused 1 convolution plan(s)"), "{d}");
+        assert!(f.evidence.contains("conv 7x7: BAD_PARAM"), "{d}");
+        let d = with(json!({"cuDNN": used, "cuBLASLt": used}));
+        let f = d.finding(Bottleneck::MemoryAccess);
+        assert_eq!(f.status, Status::NotMeasured, "{d}");
+        assert!(
+            f.evidence.contains("cuDNN and cuBLASLt ran every plan"),
+            "{d}"
+        );
     }
 }
