@@ -169,8 +169,9 @@ struct From<i64> {
 template <class To, class T>
 __device__ __forceinline__ To convert_value(T v) {
     if constexpr (IsFloat<T>::value && sizeof(T) <= 4 && IsFloat<To>::value) {
-        // Exact in float and rounded once to `To`: the bits the route through double gives,
-        // without double arithmetic (1/64 of the float rate on consumer GPUs).
+        // Exact in float and rounded once to `To`: the value the route through double gives
+        // (a NaN stays a NaN, its payload as the conversion keeps it), without double
+        // arithmetic (1/64 of the float rate on consumer GPUs).
         return Num<To>::store(Num<T>::load(v));
     } else if constexpr (IsFloat<T>::value) {
         return From<To>::f(widen_float(v));

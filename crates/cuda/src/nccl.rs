@@ -510,8 +510,16 @@ fn watchdog(watched: Weak<Inner>) {
         let mut in_flight = inner.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         in_flight.retain(|(e, _, _)| !e.is_complete());
         let mut status: Status = 0;
-        // SAFETY: the communicator is alive (we hold `inner`); an out-parameter.
-        let _ = unsafe { (inner.nccl.f.comm_async_error)(inner.comm, &mut status) };
+        {
+            // Asked under `broken`'s lock, which every abort holds: never of a freed one.
+            let broken = inner.broken.lock().unwrap_or_else(|p| p.into_inner());
+            if broken.is_some() {
+                return; // aborted (by a call that failed): nothing left to watch
+            }
+            // SAFETY: the communicator is alive and not aborted (checked above, and no
+            // abort can start while the lock is held); an out-parameter.
+            let _ = unsafe { (inner.nccl.f.comm_async_error)(inner.comm, &mut status) };
+        }
         // An enqueue blocked on the host counts as the oldest collective.
         let blocked = inner
             .enqueue_since
@@ -545,9 +553,15 @@ fn watchdog(watched: Weak<Inner>) {
             // No NCCL call may run on the communicator while it is aborted (abort frees it):
             // an enqueue under way is waited for, unless it is the one blocked past the
             // timeout, which only an abort ends (as PyTorch's watchdog does).
-            let enqueue_late = blocked.is_some_and(|(since, _)| since.elapsed() > inner.timeout);
             let enqueuing = inner.enqueuing.try_lock();
             let idle = !matches!(enqueuing, Err(std::sync::TryLockError::WouldBlock));
+            // Looked at again, and held through the abort: an enqueue that returns meanwhile
+            // waits here (`since(None)`) rather than starting the next call.
+            let since = inner
+                .enqueue_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let enqueue_late = (since.as_ref()).is_some_and(|(t, _)| t.elapsed() > inner.timeout);
             if idle || enqueue_late {
                 inner.abort(why);
                 in_flight.clear();

@@ -303,6 +303,9 @@ pub fn run(options: &Options) -> bool {
         };
         stage(&journal, 9, "speed", &mut || {
             let deadline = Instant::now() + options.stage_timeout;
+            // The plans refused so far (conformance's odd shapes and unaligned views): not the
+            // measured step's.
+            let refused_before = libraries(&**backend.gpu());
             // What the earlier stages left cached goes back first, and again before PyTorch's
             // process starts (ResNet-50 at batch 256 reserves tens of GiB).
             let release = || {
@@ -318,8 +321,9 @@ pub fn run(options: &Options) -> bool {
             };
             let mut report = speed::stage(&device, &name, &speed, &sides)?;
             report["memory"] = json!(backend.memory_stats().to_string());
-            // Whether cuDNN and cuBLASLt ran the convolutions and matmuls, or our kernels did.
-            report["libraries"] = libraries(&**backend.gpu());
+            // Whether cuDNN and cuBLASLt ran the stage's convolutions and matmuls, or our
+            // kernels did.
+            report["libraries"] = refused_since(&refused_before, libraries(&**backend.gpu()));
             // The 3-channel stem run as 4 for cuDNN (REDLINE_CUDNN_PAD_STEM=0: as it is).
             report["stem_padded_to_4_channels"] = json!(backend.gpu().pads_stem_channels());
             Ok(report)
@@ -427,6 +431,20 @@ fn libraries(gpu: &dyn Gpu) -> Value {
         out.insert(library.name.into(), entry);
     }
     Value::Object(out)
+}
+
+/// `now`'s libraries with only the plans refused since `before` (both from [`libraries`]).
+fn refused_since(before: &Value, mut now: Value) -> Value {
+    const REFUSED: &str = "refused_plans_on_our_kernels";
+    if let Some(libraries) = now.as_object_mut() {
+        for (name, library) in libraries.iter_mut() {
+            let earlier = before[name.as_str()][REFUSED].as_array().cloned();
+            if let (Some(refused), Some(earlier)) = (library[REFUSED].as_array_mut(), earlier) {
+                refused.retain(|plan| !earlier.contains(plan));
+            }
+        }
+    }
+    now
 }
 
 /// The ops cuBLASLt and cuDNN serve, which also have our own kernels.
@@ -995,6 +1013,26 @@ mod tests {
         );
         assert_eq!(doc["binary_sha256"].as_str().map(str::len), Some(64));
         let _ = std::fs::remove_file(&json);
+    }
+
+    /// The speed stage names only the plans refused while it ran, not conformance's.
+    #[test]
+    fn refusals_before_a_stage_are_not_its_own() {
+        let before = json!({
+            "cuDNN": {"version": "9", "refused_plans_on_our_kernels": ["odd conv"]},
+            "cuBLASLt": {"not_used": "absent"},
+        });
+        let now = json!({
+            "cuDNN": {"version": "9", "refused_plans_on_our_kernels": ["odd conv", "stem conv"]},
+            "cuBLASLt": {"not_used": "absent"},
+        });
+        let since = refused_since(&before, now);
+        assert_eq!(
+            since["cuDNN"]["refused_plans_on_our_kernels"],
+            json!(["stem conv"])
+        );
+        assert_eq!(since["cuDNN"]["version"], "9");
+        assert_eq!(since["cuBLASLt"]["not_used"], "absent");
     }
 
     /// A stage that fails (or is ended by its timeout) keeps what it reported on the way in the

@@ -65,13 +65,24 @@ pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAR
             .find(|s| s["name"] == name && s["passed"] == true)
             .map(|s| &s["detail"])
     };
-    let speed = passed("speed").ok_or_else(|| {
-        NotAReport(
-            "a gpu-check report without a passed speed stage (it needs a GPU and --speed-steps \
-             above 0): nothing measured to judge"
-                .into(),
-        )
-    })?;
+    // A speed stage that failed or timed out after our side was measured kept it (`partial`):
+    // judged, saying so.
+    let cut_short = (stages.iter())
+        .find(|s| {
+            s["name"] == "speed" && s["passed"] != true && s["partial"]["redline"].is_object()
+        })
+        .map(|s| (&s["partial"], text(s, "error").unwrap_or_default()));
+    let (speed, incomplete) = match (passed("speed"), cut_short) {
+        (Some(speed), _) => (speed, None),
+        (None, Some((partial, why))) => (partial, Some(why)),
+        (None, None) => {
+            return Err(NotAReport(
+                "a gpu-check report without a passed speed stage (it needs a GPU and \
+                 --speed-steps above 0): nothing measured to judge"
+                    .into(),
+            ))
+        }
+    };
     let ours = &speed["redline"];
     let (Some(seconds), Some(steps)) = (num(ours, "seconds"), num(ours, "steps")) else {
         return Err(NotAReport("the speed stage has no timed steps".into()));
@@ -95,6 +106,12 @@ pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAR
         text(doc, "commit").unwrap_or_else(|| "?".into()),
         num(ours, "img_per_s").unwrap_or(f64::NAN),
     );
+    let subject = match incomplete {
+        Some(why) => {
+            format!("{subject} (the speed stage did not finish: {why}; judged on what it measured)")
+        }
+        None => subject,
+    };
     let mut diagnosis = Diagnosis {
         subject,
         findings,
@@ -476,5 +493,23 @@ mod tests {
             f.evidence.contains("cuDNN and cuBLASLt ran every plan"),
             "{d}"
         );
+    }
+
+    /// A speed stage ended by its timeout after our side was measured is judged on what it
+    /// kept, saying so; one that kept nothing is refused.
+    #[test]
+    fn a_speed_stage_cut_short_is_judged_on_what_it_kept() {
+        let mut r = report(0.97, 0.9, 22, 0.99, 0);
+        let detail = r["stages"][2]["detail"].clone();
+        r["stages"][2] = json!({"name": "speed", "passed": false, "error": "still running after 220 s",
+                                "partial": detail});
+        let d = super::super::diagnose(&r).unwrap();
+        assert!(
+            d.subject.contains("the speed stage did not finish: still running after 220 s"),
+            "{d}"
+        );
+        assert!(d.subject.contains("3000 img/s"), "{d}");
+        r["stages"][2]["partial"] = json!({"model": "resnet50"});
+        assert!(super::super::diagnose(&r).is_err());
     }
 }
