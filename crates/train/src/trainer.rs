@@ -137,9 +137,8 @@ struct Ranked {
     /// rank evaluates and checkpoints the same model.
     buffers: Vec<Tensor>,
     /// Every group whose collectives a step runs (the reducer's, and synchronised batch
-    /// norm's where it has one of its own):
-    /// a replayed graph runs them out of their sight, so each is asked whether it is alive
-    /// before a replay and watches the point after it.
+    /// norm's where it has one of its own): a replayed graph runs them out of their sight, so
+    /// each is asked whether it is alive before a replay and watches the point after it.
     groups: Vec<Arc<dyn Collective>>,
 }
 

@@ -505,7 +505,8 @@ mod tests {
                                 "partial": detail});
         let d = super::super::diagnose(&r).unwrap();
         assert!(
-            d.subject.contains("the speed stage did not finish: still running after 220 s"),
+            d.subject
+                .contains("the speed stage did not finish: still running after 220 s"),
             "{d}"
         );
         assert!(d.subject.contains("3000 img/s"), "{d}");
