@@ -133,6 +133,10 @@ pub fn normalize_input(dtype: DType) -> String {
     format!("normalize_input<{}>", ctype(dtype))
 }
 
+pub fn normalize_input_packed(dtype: DType) -> String {
+    format!("normalize_input_packed<{}>", ctype(dtype))
+}
+
 /// Batch norm's per-channel sums: `batch_norm_stats` (any layout, a block per channel),
 /// `batch_norm_stats_rows` or `batch_norm_stats_rows_packed` (dense channels-last, rows ×
 /// channels blocks, a channel or a 16-byte pack a thread).
@@ -332,7 +336,11 @@ pub fn families() -> Vec<Family> {
         family(
             "input.cu",
             include_str!("../kernels/input.cu"),
-            floats_of(normalize_input),
+            [
+                floats_of(normalize_input),
+                floats_of(normalize_input_packed),
+            ]
+            .concat(),
         ),
         family("norm.cu", include_str!("../kernels/norm.cu"), norms),
         family("pool.cu", include_str!("../kernels/pool.cu"), pools),

@@ -552,6 +552,38 @@ fn scatter_add_sums_repeated_indices_in_order() {
 }
 
 #[test]
+fn the_input_op_gives_the_references_bits_from_packed_and_strided_batches() {
+    // The loader's dense batch (the packed kernel: 16 bytes a step, then a tail of n % 16),
+    // the same bytes one element into their storage (off 16 bytes: the general kernel), and a
+    // narrowed, non-dense view (general) — each bit for bit against the reference, whose f64
+    // formula the kernels tabulate per (channel, byte). Every byte value occurs.
+    for channels in [1usize, 3, 4, 16] {
+        let (mean, std): (Vec<f64>, Vec<f64>) = (0..channels)
+            .map(|c| (0.3 + 0.05 * c as f64, 0.2 + 0.01 * c as f64))
+            .unzip();
+        let n = 2 * 7 * 9 * channels;
+        let bytes: Vec<u8> = (0..n + 1).map(|i| (i * 37 % 256) as u8).collect();
+        for dtype in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+            for (case, start) in [("dense", 0), ("one byte in", 1), ("narrowed", 0)] {
+                let what = format!("normalize_input {dtype:?} of {channels} channels, {case}");
+                same_as_reference(&what, 0.0, |d| {
+                    let all = Tensor::from_slice(&bytes, &[n + 1], d).unwrap();
+                    let x = all
+                        .narrow(0, start, n)
+                        .unwrap()
+                        .reshape(&[2, 7, 9, channels]);
+                    let mut x = x.unwrap();
+                    if case == "narrowed" {
+                        x = x.narrow(2, 2, 5).unwrap();
+                    }
+                    Tensor::normalize_input(&x, &mean, &std, dtype).unwrap()
+                });
+            }
+        }
+    }
+}
+
+#[test]
 fn the_input_op_refuses_more_channels_than_it_takes() {
     let backend = CudaBackend::emulated().unwrap();
     use redline_tensor::Backend;

@@ -195,6 +195,16 @@ pub fn normalize_input(
     let mut norm = [1.0f64; 2 * INPUT_MAX_CHANNELS];
     norm[..channels].copy_from_slice(mean);
     norm[INPUT_MAX_CHANNELS..INPUT_MAX_CHANNELS + channels].copy_from_slice(std);
+    if let Some((from, to)) = input_in_one_order(x, out) {
+        let args = KernelArgs::new()
+            .ptr(from)
+            .ptr(to)
+            .i64(n as i64)
+            .i64(channels as i64)
+            .f64s(&norm);
+        let kernel = kernels::normalize_input_packed(out.dtype);
+        return gpu.launch(&kernel, linear_shape(n / 16), &args);
+    }
     let args = KernelArgs::new()
         .ptr(x.ptr)
         .strided(&strided(gpu, x.layout, "normalize_input")?)
@@ -203,4 +213,19 @@ pub fn normalize_input(
         .i64(n as i64)
         .f64s(&norm);
     gpu.launch(&kernels::normalize_input(out.dtype), linear_shape(n), &args)
+}
+
+/// Where the input op's packed kernel may run — the loader's batch, a dense `[N, H, W, C]`
+/// (any offset), into a dense channels-last output: then both lay out (n, y, x, c) alike and
+/// are walked as flat arrays. Returns their first elements' addresses when both are 16-byte
+/// aligned; else `None`, and the general kernel runs.
+fn input_in_one_order(x: &Operand, out: &Operand) -> Option<(DevicePtr, DevicePtr)> {
+    let channels_last = Layout::channels_last(out.layout.shape()).ok()?;
+    let dense = x
+        .layout
+        .strides_match(&Layout::contiguous(x.layout.shape()))
+        && out.layout.strides_match(&channels_last);
+    let start = |o: &Operand| o.ptr.offset(o.layout.offset() * o.dtype.size());
+    let (from, to) = (start(x), start(out));
+    (dense && from.0.is_multiple_of(16) && to.0.is_multiple_of(16)).then_some((from, to))
 }
