@@ -95,6 +95,18 @@ const MUTATIONS: &[Mutation] = &[
         original: "exp(v - lse) - hot - eps / (A)c)",
         mutated: "exp(v - lse) - hot)",
     },
+    Mutation {
+        name: "input table leaving its last channel unwritten",
+        file: "input.cu",
+        original: "k < C * 256; k += blockDim.x",
+        mutated: "k < (C - 1) * 256; k += blockDim.x",
+    },
+    Mutation {
+        name: "packed input op storing its first outputs' bytes in every store",
+        file: "input.cu",
+        original: "table[c * 256 + bytes.v[j * K + k]]",
+        mutated: "table[c * 256 + bytes.v[k]]",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
