@@ -93,14 +93,24 @@ struct AdamArgs {
 
 /// PyTorch's AdamW at the (already counted) step and learning rate `lr · lr_scale`, both read
 /// from the device: list 0 params, 1 grads, 2 exp_avg, 3 exp_avg_sq.
+///
+/// The bias corrections take two f64 `pow`s: one thread of each block computes them and shares
+/// them, since every thread doing so cost a GeForce card (f64 at 1/64 rate) milliseconds a
+/// step. A block past its tensor's end leaves first (the grid is sized for the longest).
 template <class T>
 __global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag lr, Flag found_inf) {
     typedef typename Num<T>::acc A;
-    if (raised(found_inf)) return;
-    const double s = load_scalar((const void *)step.ptr, step.code);
-    const double rate = load_scalar((const void *)lr.ptr, lr.code) * a.lr_scale;
-    const A bc1 = (A)(1.0 - pow(a.beta1, s)), bc2_sqrt = (A)sqrt(1.0 - pow(a.beta2, s));
     const int t = blockIdx.y;
+    if ((i64)blockIdx.x * blockDim.x >= list.n[t] || raised(found_inf)) return;
+    __shared__ A corrections[2];
+    if (threadIdx.x == 0) {
+        const double s = load_scalar((const void *)step.ptr, step.code);
+        corrections[0] = (A)(1.0 - pow(a.beta1, s));
+        corrections[1] = (A)sqrt(1.0 - pow(a.beta2, s));
+    }
+    __syncthreads();
+    const A bc1 = corrections[0], bc2_sqrt = corrections[1];
+    const double rate = load_scalar((const void *)lr.ptr, lr.code) * a.lr_scale;
     T *param = (T *)list.ptr[0][t];
     const T *grad = (const T *)list.ptr[1][t];
     T *m1 = (T *)list.ptr[2][t];

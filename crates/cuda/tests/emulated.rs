@@ -989,6 +989,52 @@ fn the_sum_of_squares_spans_several_lists_and_blocks() {
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
 }
 
+#[test]
+fn adamw_spans_several_lists_and_blocks_and_skips_on_overflow() {
+    // 40 tensors (two lists of 32) whose longest takes several blocks, so most of a short
+    // tensor's blocks have nothing to do and leave; three steps (the bias corrections move),
+    // the last with found-inf raised (nothing may change). Against the reference.
+    let run = |d: &Device| -> Vec<f64> {
+        let make = |t: usize, k: usize| {
+            let n = if t == 7 { 3000 } else { 1 + t * 9 };
+            let v: Vec<f32> = (0..n)
+                .map(|i| ((i * 7 + t * 3 + k) % 13) as f32 / 4.0 - 1.5)
+                .collect();
+            Tensor::from_slice(&v, &[n], d).unwrap()
+        };
+        let params: Vec<Tensor> = (0..40).map(|t| make(t, 0)).collect();
+        let grads: Vec<Tensor> = (0..40).map(|t| make(t, 5)).collect();
+        let zeros = |t: &Tensor| Tensor::zeros(t.shape(), DType::F32, d).unwrap();
+        let m1: Vec<Tensor> = params.iter().map(zeros).collect();
+        let m2: Vec<Tensor> = params.iter().map(zeros).collect();
+        let scalar = |v: f64| Tensor::full(v, &[1], DType::F32, d).unwrap();
+        let (step, lr) = (scalar(0.0), scalar(0.01));
+        let p = redline_tensor::AdamWParams {
+            lr_scale: 1.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.05,
+        };
+        fn refs(ts: &[Tensor]) -> Vec<&Tensor> {
+            ts.iter().collect()
+        }
+        for overflow in [false, false, true] {
+            let found = scalar(if overflow { 1.0 } else { 0.0 });
+            let (pr, gr, mr, vr) = (refs(&params), refs(&grads), refs(&m1), refs(&m2));
+            redline_tensor::optim::adamw(&pr, &gr, &mr, &vr, &step, &lr, &p, Some(&found)).unwrap();
+        }
+        let mut all = step.to_f64_vec().unwrap();
+        for t in params.iter().chain(&m1).chain(&m2) {
+            all.extend(t.to_f64_vec().unwrap());
+        }
+        all
+    };
+    let (got, want) = (run(&device()), run(&Device::reference()));
+    assert_eq!(got[0], 2.0, "two applied steps");
+    close(&got, &want, 1e-5, "adamw over 40 tensors");
+}
+
 /// The fused cross-entropy cannot stop the stream on a bad label: a kept target outside the
 /// classes makes the loss NaN (where the host backends refuse it), so the GradScaler's check or
 /// the loss read-back shows it; an ignored one is left out.
