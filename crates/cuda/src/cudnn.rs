@@ -162,6 +162,8 @@ pub struct Cudnn {
     measured: Option<AlgorithmCache>,
     /// Each plan's descriptors, or why cuDNN refused it (then our kernels run it).
     plans: PlanCache<ConvPlan, Prepared>,
+    /// Plans whose Find failed (they run the heuristic's choice), with why: for the report.
+    find_failures: std::sync::Mutex<Vec<String>>,
 }
 
 /// Where measured algorithm choices are kept, when they are measured at all.
@@ -270,6 +272,7 @@ impl Cudnn {
             deterministic,
             measured,
             plans: PlanCache::default(),
+            find_failures: Default::default(),
         })
     }
 
@@ -280,9 +283,16 @@ impl Cudnn {
 
     /// How algorithms are chosen, for the device report.
     pub fn choosing(&self) -> String {
-        match &self.measured {
-            Some(cache) => format!("measured by cuDNN's Find: {}", cache.describe()),
-            None => "cuDNN's heuristic ranking (REDLINE_CUDNN_FIND=0)".into(),
+        let failed = self.find_failures.lock().unwrap_or_else(|p| p.into_inner());
+        match (&self.measured, failed.last()) {
+            (Some(cache), None) => format!("measured by cuDNN's Find: {}", cache.describe()),
+            (Some(cache), Some(last)) => format!(
+                "measured by cuDNN's Find: {}; Find failed for {} plan(s), which took the \
+                 heuristic's choice (last: {last})",
+                cache.describe(),
+                failed.len()
+            ),
+            (None, _) => "cuDNN's heuristic ranking (REDLINE_CUDNN_FIND=0)".into(),
         }
     }
 
@@ -378,9 +388,17 @@ impl Cudnn {
             })
         };
         // A search that fails (a symbol missing, memory for its trials) or finds nothing
-        // acceptable falls back to the heuristic; the plan still runs.
+        // acceptable falls back to the heuristic; the plan still runs, and a failure is
+        // reported (`choosing`).
         let found = match cache.is_some() && may_measure {
-            true => self.ranked(plan, p, true).ok().and_then(first_acceptable),
+            true => match self.ranked(plan, p, true) {
+                Ok(ranked) => first_acceptable(ranked),
+                Err(why) => {
+                    let mut failed = self.find_failures.lock().unwrap_or_else(|p| p.into_inner());
+                    failed.push(format!("{key}: {why}"));
+                    None
+                }
+            },
             false => None,
         };
         let measured = found.is_some();

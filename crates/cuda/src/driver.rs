@@ -28,7 +28,7 @@ use crate::cudnn::{Choosing, Cudnn};
 use crate::gemm::GemmPlan;
 use crate::gpu::{Captured, CudaGraph, DevicePtr, Gpu, GpuEvent, KernelArgs, LaunchShape, Library};
 use crate::kernels;
-use crate::libs::{self, LibError};
+use crate::libs::{self, LibError, LibReport};
 use crate::nvrtc::Nvrtc;
 use crate::plans::Declined;
 use crate::stream::{Clock, InFlight, PinnedAllocator, Staging};
@@ -373,7 +373,8 @@ impl CudaDriver {
     }
 
     /// cuDNN on this device's stream, loaded on first use (after cuBLASLt, which some of its
-    /// engines call); an error says why it is not used.
+    /// engines call, and NVRTC, which its runtime-compiled engines call: without it they are
+    /// refused even where our kernels came ahead of time); an error says why it is not used.
     fn dnn(&self) -> Result<&Cudnn, String> {
         self.dnn
             .get_or_init(|| {
@@ -381,6 +382,7 @@ impl CudaDriver {
                     return Err("not used: REDLINE_CUDA_OWN_KERNELS=1".into());
                 }
                 let _ = self.blas();
+                let _ = crate::nvrtc::preload();
                 self.bind().map_err(|e| e.to_string())?;
                 let choosing = match self.options.cudnn_heuristic {
                     true => Choosing::Heuristic,
@@ -642,6 +644,18 @@ impl Gpu for CudaDriver {
                 self.dnn().map(|d| (d.report.clone(), d.refusals())),
             )
             .with_algorithms(self.dnn().ok().map(Cudnn::choosing)),
+            Library::new(
+                "NVRTC",
+                crate::nvrtc::preload()
+                    .map(|path| {
+                        let report = LibReport {
+                            path,
+                            version: String::new(),
+                        };
+                        (report, Vec::new())
+                    })
+                    .map_err(|e| e.to_string()),
+            ),
         ]
     }
 

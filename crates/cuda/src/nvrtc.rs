@@ -9,6 +9,7 @@
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::kernels::{Family, Source};
 use crate::libs::{self, LibError, CUDA_MAJOR};
@@ -42,8 +43,6 @@ struct Api {
 /// A loaded NVRTC and the headers folder its compiles use.
 pub struct Nvrtc {
     api: Api,
-    /// Kept loaded for `api`'s function pointers.
-    _libraries: Vec<libloading::Library>,
     pub path: PathBuf,
     pub version: (i32, i32),
     pub include_dir: PathBuf,
@@ -103,45 +102,68 @@ fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, LibError>
         })
 }
 
+/// NVRTC of this build's CUDA major version and the builtins beside it, found and loaded once
+/// into the process's global namespace and kept for its life: NVRTC's path and library, or why
+/// not. Global, because cuDNN's runtime-compiled engines `dlopen` NVRTC by name and, with no
+/// wheel folder on the linker's path, find it only as a copy already loaded (by its SONAME).
+fn loaded() -> Result<&'static (PathBuf, [libloading::Library; 2]), LibError> {
+    static LOADED: OnceLock<Result<(PathBuf, [libloading::Library; 2]), LibError>> =
+        OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let dirs = libs::search_dirs();
+            let path = libs::find_in(&format!("libnvrtc.so.{CUDA_MAJOR}"), &dirs)?;
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            // The builtins are named by the full version: take the one beside libnvrtc.
+            let prefix = format!("libnvrtc-builtins.so.{CUDA_MAJOR}.");
+            let builtins = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&prefix))
+                })
+                .ok_or_else(|| LibError::NotFound {
+                    file: format!("{prefix}*"),
+                    looked_in: vec![dir.clone()],
+                    other_versions: Vec::new(),
+                })?;
+            let builtins = libs::load_global(&builtins)?;
+            let lib = libs::load_global(&path)?;
+            Ok((path, [lib, builtins]))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Loads NVRTC for cuDNN (see [`loaded`]) even when every kernel of ours comes ahead of time
+/// and nothing is compiled: its path, or why cuDNN's runtime-compiled engines will be refused.
+pub fn preload() -> Result<PathBuf, LibError> {
+    loaded().map(|(path, _)| path.clone())
+}
+
 impl Nvrtc {
     /// Finds and loads NVRTC of this build's CUDA major version, its builtins and the headers.
     pub fn load() -> Result<Self, LibError> {
-        let dirs = libs::search_dirs();
-        let path = libs::find_in(&format!("libnvrtc.so.{CUDA_MAJOR}"), &dirs)?;
-        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        // The builtins are named by the full version: take the one beside libnvrtc.
-        let prefix = format!("libnvrtc-builtins.so.{CUDA_MAJOR}.");
-        let builtins = std::fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&prefix))
-            })
-            .ok_or_else(|| LibError::NotFound {
-                file: format!("{prefix}*"),
-                looked_in: vec![dir.clone()],
-                other_versions: Vec::new(),
-            })?;
-        let builtins = libs::load_global(&builtins)?;
-        let lib = libs::load_global(&path)?;
+        let (path, [lib, _]) = loaded()?;
+        let path = path.clone();
         let api = Api {
-            version: symbol(&lib, "nvrtcVersion")?,
-            error_string: symbol(&lib, "nvrtcGetErrorString")?,
-            create: symbol(&lib, "nvrtcCreateProgram")?,
-            add_name: symbol(&lib, "nvrtcAddNameExpression")?,
-            compile: symbol(&lib, "nvrtcCompileProgram")?,
-            log_size: symbol(&lib, "nvrtcGetProgramLogSize")?,
-            log: symbol(&lib, "nvrtcGetProgramLog")?,
-            cubin_size: symbol(&lib, "nvrtcGetCUBINSize")?,
-            cubin: symbol(&lib, "nvrtcGetCUBIN")?,
-            ptx_size: symbol(&lib, "nvrtcGetPTXSize")?,
-            ptx: symbol(&lib, "nvrtcGetPTX")?,
-            lowered: symbol(&lib, "nvrtcGetLoweredName")?,
-            destroy: symbol(&lib, "nvrtcDestroyProgram")?,
+            version: symbol(lib, "nvrtcVersion")?,
+            error_string: symbol(lib, "nvrtcGetErrorString")?,
+            create: symbol(lib, "nvrtcCreateProgram")?,
+            add_name: symbol(lib, "nvrtcAddNameExpression")?,
+            compile: symbol(lib, "nvrtcCompileProgram")?,
+            log_size: symbol(lib, "nvrtcGetProgramLogSize")?,
+            log: symbol(lib, "nvrtcGetProgramLog")?,
+            cubin_size: symbol(lib, "nvrtcGetCUBINSize")?,
+            cubin: symbol(lib, "nvrtcGetCUBIN")?,
+            ptx_size: symbol(lib, "nvrtcGetPTXSize")?,
+            ptx: symbol(lib, "nvrtcGetPTX")?,
+            lowered: symbol(lib, "nvrtcGetLoweredName")?,
+            destroy: symbol(lib, "nvrtcDestroyProgram")?,
         };
         let (mut major, mut minor) = (0, 0);
         // SAFETY: two out-parameters.
@@ -149,7 +171,6 @@ impl Nvrtc {
         let include_dir = libs::find_include("cuda_fp16.h")?;
         Ok(Self {
             api,
-            _libraries: vec![builtins, lib],
             path,
             version: (major, minor),
             include_dir,
@@ -337,6 +358,32 @@ pub fn parse_ptxas(log: &str) -> Vec<Resources> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn preloading_maps_nvrtc_and_its_builtins_for_cudnn_or_says_what_is_missing() {
+        // cuDNN finds NVRTC only as a copy already loaded: both files must be mapped after.
+        match preload() {
+            Ok(path) => {
+                let name = format!("libnvrtc.so.{CUDA_MAJOR}");
+                assert!(path.ends_with(&name), "{}", path.display());
+                let mapped = libs::mapped_files("libnvrtc");
+                let has = |prefix: &str| {
+                    mapped.iter().any(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(prefix))
+                    })
+                };
+                assert!(has(&name), "{mapped:?}");
+                assert!(
+                    has(&format!("libnvrtc-builtins.so.{CUDA_MAJOR}.")),
+                    "{mapped:?}"
+                );
+                assert_eq!(preload().ok(), Some(path), "found once");
+            }
+            Err(e) => assert!(e.to_string().contains("libnvrtc"), "{e}"),
+        }
+    }
 
     #[test]
     fn reads_registers_shared_memory_and_spills_from_the_ptxas_log() {
