@@ -96,6 +96,18 @@ const MUTATIONS: &[Mutation] = &[
         mutated: "exp(v - lse) - hot)",
     },
     Mutation {
+        name: "packed channels-last max pool reading the next pack of channels",
+        file: "pool.cu",
+        original: "x[((b * H + iy) * W + ix) * cols + j];",
+        mutated: "x[((b * H + iy) * W + ix) * cols + (j + 1) % cols];",
+    },
+    Mutation {
+        name: "packed max-pool gradient adding its neighbour channel's gradient",
+        file: "pool.cu",
+        original: "here ? Num<T>::load(v.v[k]) : (A)0;",
+        mutated: "here ? Num<T>::load(v.v[(k + 1) % K]) : (A)0;",
+    },
+    Mutation {
         name: "input table leaving its last channel unwritten",
         file: "input.cu",
         original: "k < C * 256; k += blockDim.x",

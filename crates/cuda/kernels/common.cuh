@@ -52,6 +52,16 @@ struct alignas(16) Pack16 {
     T v[16 / sizeof(T)];
 };
 
+/// A pack read as one 128-bit load through the read-only cache, which the compiler cannot
+/// split into element loads (NVRTC did for sm_120 where a kernel used only some elements).
+template <class T>
+__device__ __forceinline__ Pack16<T> load_pack(const Pack16<T> *p) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
+    Pack16<T> v;
+    memcpy(&v, &raw, 16);
+    return v;
+}
+
 /// t[i0, i1, i2, i3] of a 4-d operand, through its strides (convolutions, pooling).
 template <class T>
 __device__ __forceinline__ T at4(const T *t, const Strided &s, i64 i0, i64 i1, i64 i2, i64 i3) {

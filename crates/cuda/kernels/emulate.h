@@ -450,6 +450,11 @@ inline void __threadfence_block() {}
 template <class T>
 T __ldg(const T *p) { return *p; }
 
+/// CUDA's 16-byte vector type, for 128-bit loads (`load_pack`).
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};
+
 // Intrinsics and math that CUDA has and the C++ library does not (or names differently).
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }

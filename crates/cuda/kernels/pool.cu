@@ -133,3 +133,86 @@ __global__ void avg_pool2d_grad(const T *__restrict__ g, Strided gs, T *__restri
         out[offset4(os, b, c, iy, ix)] = Num<T>::store(acc);
     }
 }
+
+// Max pooling over dense channels-last tensors, a thread per (pixel, 16-byte pack of channels):
+// the pixel's coordinates are worked out once per pack, not per element, and every read and
+// write of values is one 128-bit access. `cols` = C / K packs a pixel; x (and the gradient's
+// output) are [N, H, W, C] in memory, out, positions and g [N, HO, WO, C]. Windows are visited
+// in the general kernels' order with their comparison and sums, so the bits and positions are
+// theirs. The launcher checks the layouts, C a whole number of packs and 16-byte alignment.
+
+template <class T>
+__global__ void max_pool2d_packed(const Pack16<T> *__restrict__ x, Pack16<T> *__restrict__ out,
+                                  i64 *__restrict__ positions, i64 packs, i64 cols, i64 H, i64 W, i64 HO, i64 WO,
+                                  PoolGeometry g) {
+    typedef typename Num<T>::acc A;
+    const int K = 16 / sizeof(T);
+    for (i64 p = first_index(); p < packs; p += grid_step()) {
+        const i64 j = p % cols, pixel = p / cols;
+        const i64 ox = pixel % WO, oy = (pixel / WO) % HO, b = pixel / (WO * HO);
+        A best[K];
+        i64 where[K];
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            best[k] = -infinity<A>();
+            where[k] = 0;
+        }
+        for (i64 ky = 0; ky < g.kh; ky++) {
+            const i64 iy = oy * g.sh + ky - g.ph;
+            if (iy < 0 || iy >= H) continue;
+            for (i64 kx = 0; kx < g.kw; kx++) {
+                const i64 ix = ox * g.sw + kx - g.pw;
+                if (ix < 0 || ix >= W) continue;
+                const Pack16<T> v = x[((b * H + iy) * W + ix) * cols + j];
+#pragma unroll
+                for (int k = 0; k < K; k++) {
+                    const A e = Num<T>::load(v.v[k]);
+                    if (e > best[k] || (e != e && best[k] == best[k])) {
+                        best[k] = e;
+                        where[k] = iy * W + ix;
+                    }
+                }
+            }
+        }
+        Pack16<T> o;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            o.v[k] = Num<T>::store(best[k]);
+            positions[p * K + k] = where[k];
+        }
+        out[p] = o;
+    }
+}
+
+template <class T>
+__global__ void max_pool2d_grad_packed(const Pack16<T> *__restrict__ g, const i64 *__restrict__ positions,
+                                       Pack16<T> *__restrict__ out, i64 packs, i64 cols, i64 H, i64 W, i64 HO,
+                                       i64 WO, PoolGeometry geo) {
+    typedef typename Num<T>::acc A;
+    const int K = 16 / sizeof(T);
+    for (i64 p = first_index(); p < packs; p += grid_step()) {
+        const i64 j = p % cols, pixel = p / cols;
+        const i64 ix = pixel % W, iy = (pixel / W) % H, b = pixel / (W * H);
+        i64 y0, y1, x0, x1;
+        covering(iy, geo.kh, geo.sh, geo.ph, HO, y0, y1);
+        covering(ix, geo.kw, geo.sw, geo.pw, WO, x0, x1);
+        const i64 here = iy * W + ix;
+        A acc[K];
+#pragma unroll
+        for (int k = 0; k < K; k++) acc[k] = 0;
+        for (i64 oy = y0; oy <= y1; oy++)
+            for (i64 ox = x0; ox <= x1; ox++) {
+                const i64 q = ((b * HO + oy) * WO + ox) * cols + j;
+                const Pack16<T> v = load_pack(g + q);
+                // Adding 0 where the maximum was elsewhere keeps the bits (acc, a sum from +0,
+                // is never −0).
+#pragma unroll
+                for (int k = 0; k < K; k++)
+                    acc[k] += positions[q * K + k] == here ? Num<T>::load(v.v[k]) : (A)0;
+            }
+        Pack16<T> o;
+#pragma unroll
+        for (int k = 0; k < K; k++) o.v[k] = Num<T>::store(acc[k]);
+        out[p] = o;
+    }
+}

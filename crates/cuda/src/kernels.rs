@@ -177,12 +177,15 @@ pub fn pool(kernel: &str, dtype: DType) -> String {
     format!("{kernel}<{}>", ctype(dtype))
 }
 
-/// The pooling kernels' names (also the ops' names).
-pub const POOL_KERNELS: [&str; 4] = [
+/// The pooling kernels' names: the four ops' (any layout), then max pooling's packed
+/// channels-last pair.
+pub const POOL_KERNELS: [&str; 6] = [
     "max_pool2d",
     "max_pool2d_grad",
     "avg_pool2d",
     "avg_pool2d_grad",
+    "max_pool2d_packed",
+    "max_pool2d_grad_packed",
 ];
 
 /// Optimizer kernels templated on the parameters' dtype: `sgd`, `adamw`, `unscale_check`.

@@ -25,6 +25,46 @@ fn channels_inner(written: &Layout) -> i32 {
     (written.shape()[1] > 1 && written.strides()[1] == 1) as i32
 }
 
+/// The dense channels-last layout of `l`'s shape (every pooling operand is 4-d).
+fn channels_last(l: &Layout) -> Layout {
+    Layout::channels_last(l.shape()).unwrap_or_else(|_| Layout::contiguous(l.shape()))
+}
+
+/// Where the packed max-pool kernels may run: every operand (one float dtype) dense
+/// channels-last at any offset, its channels a whole number of 16-byte packs, and each first
+/// element 16-byte aligned. Their first elements' addresses and the packs a pixel has.
+fn channels_last_packs(operands: &[&Operand; 2]) -> Option<([DevicePtr; 2], usize)> {
+    let size = operands[0].dtype.size();
+    let channels = operands[0].layout.shape()[1];
+    let fits = operands.iter().all(|o| {
+        let start = o.ptr.offset(o.layout.offset() * size);
+        o.dtype == operands[0].dtype
+            && o.layout.shape()[1] == channels
+            && o.layout.strides_match(&channels_last(o.layout))
+            && start.0.is_multiple_of(16)
+    });
+    let whole = size < 16 && channels > 0 && (channels * size).is_multiple_of(16);
+    let start = |o: &Operand| o.ptr.offset(o.layout.offset() * size);
+    (fits && whole).then(|| {
+        let [a, b] = operands;
+        ([start(a), start(b)], channels * size / 16)
+    })
+}
+
+/// The packed kernels' sizes: packs, packs a pixel, the input's plane and the output's.
+fn planes(
+    args: KernelArgs,
+    packs: usize,
+    cols: usize,
+    input: &Operand,
+    output: &Operand,
+) -> KernelArgs {
+    let (i, o) = (input.layout.shape(), output.layout.shape());
+    [packs, cols, i[2], i[3], o[2], o[3]]
+        .iter()
+        .fold(args, |args, &v| args.i64(v as i64))
+}
+
 fn strided(gpu: &dyn Gpu, o: &Operand, what: &str) -> Result<Strided> {
     Strided::new(o.layout, &gpu.name(), what)
 }
@@ -41,6 +81,13 @@ pub fn max_pool2d(
     let n = out.layout.numel();
     if n == 0 {
         return Ok(());
+    }
+    if let Some(([from, to], cols)) = channels_last_packs(&[x, out]) {
+        let at = positions.offset(out.layout.offset() * 8);
+        let args = KernelArgs::new().ptr(from).ptr(to).ptr(at);
+        let args = planes(args, n / (16 / x.dtype.size()), cols, x, out);
+        let kernel = kernels::pool("max_pool2d_packed", x.dtype);
+        return gpu.launch(&kernel, linear_shape(n), &geometry(args, p));
     }
     let args = KernelArgs::new()
         .ptr(x.ptr)
@@ -83,6 +130,15 @@ pub fn pool_grad(
     let n = out.layout.numel();
     if n == 0 {
         return Ok(());
+    }
+    if let (Some(at), Some(([from, to], cols))) = (positions, channels_last_packs(&[g, out])) {
+        if at.layout.strides_match(&channels_last(at.layout)) {
+            let start = at.ptr.offset(at.layout.offset() * 8);
+            let args = KernelArgs::new().ptr(from).ptr(start).ptr(to);
+            let args = planes(args, n / (16 / dtype.size()), cols, out, g);
+            let kernel = kernels::pool("max_pool2d_grad_packed", dtype);
+            return gpu.launch(&kernel, linear_shape(n), &geometry(args, p));
+        }
     }
     let what = if positions.is_some() {
         "max_pool2d_grad"
