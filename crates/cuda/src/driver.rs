@@ -644,17 +644,15 @@ impl Gpu for CudaDriver {
                 self.dnn().map(|d| (d.report.clone(), d.refusals())),
             )
             .with_algorithms(self.dnn().ok().map(Cudnn::choosing)),
+            // Loaded for cuDNN's runtime-compiled engines; beside cuDNN only.
             Library::new(
                 "NVRTC",
-                crate::nvrtc::preload()
-                    .map(|path| {
-                        let report = LibReport {
-                            path,
-                            version: String::new(),
-                        };
-                        (report, Vec::new())
-                    })
-                    .map_err(|e| e.to_string()),
+                match self.dnn() {
+                    Ok(_) => crate::nvrtc::preload()
+                        .map(|(path, version)| (LibReport { path, version }, Vec::new()))
+                        .map_err(|e| format!("cuDNN's runtime-compiled engines are refused: {e}")),
+                    Err(_) => Err("not loaded for cuDNN, which is not used".into()),
+                },
             ),
         ]
     }

@@ -140,9 +140,16 @@ fn loaded() -> Result<&'static (PathBuf, [libloading::Library; 2]), LibError> {
 }
 
 /// Loads NVRTC for cuDNN (see [`loaded`]) even when every kernel of ours comes ahead of time
-/// and nothing is compiled: its path, or why cuDNN's runtime-compiled engines will be refused.
-pub fn preload() -> Result<PathBuf, LibError> {
-    loaded().map(|(path, _)| path.clone())
+/// and nothing is compiled: its path and version ("13.0"), or why cuDNN's runtime-compiled
+/// engines will be refused.
+pub fn preload() -> Result<(PathBuf, String), LibError> {
+    let (path, [lib, _]) = loaded()?;
+    let version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int =
+        symbol(lib, "nvrtcVersion")?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-parameters.
+    unsafe { version(&mut major, &mut minor) };
+    Ok((path.clone(), format!("{major}.{minor}")))
 }
 
 impl Nvrtc {
@@ -363,7 +370,8 @@ mod tests {
     fn preloading_maps_nvrtc_and_its_builtins_for_cudnn_or_says_what_is_missing() {
         // cuDNN finds NVRTC only as a copy already loaded: both files must be mapped after.
         match preload() {
-            Ok(path) => {
+            Ok((path, version)) => {
+                assert!(version.starts_with(&format!("{CUDA_MAJOR}.")), "{version}");
                 let name = format!("libnvrtc.so.{CUDA_MAJOR}");
                 assert!(path.ends_with(&name), "{}", path.display());
                 let mapped = libs::mapped_files("libnvrtc");
@@ -379,7 +387,7 @@ mod tests {
                     has(&format!("libnvrtc-builtins.so.{CUDA_MAJOR}.")),
                     "{mapped:?}"
                 );
-                assert_eq!(preload().ok(), Some(path), "found once");
+                assert_eq!(preload().ok(), Some((path, version)), "found once");
             }
             Err(e) => assert!(e.to_string().contains("libnvrtc"), "{e}"),
         }

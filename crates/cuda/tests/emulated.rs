@@ -584,7 +584,7 @@ fn the_input_op_gives_the_references_bits_from_packed_and_strided_batches() {
 }
 
 #[test]
-fn the_input_op_refuses_more_channels_than_it_takes() {
+fn the_input_op_refuses_more_channels_than_it_takes_or_counts_that_disagree() {
     let backend = CudaBackend::emulated().unwrap();
     use redline_tensor::Backend;
     let x = backend.fill(DType::U8, 17, 0.0).unwrap();
@@ -598,6 +598,19 @@ fn the_input_op_refuses_more_channels_than_it_takes() {
         .normalize_input(view, &[0.5; 17], &[0.2; 17], DType::F32, &out)
         .unwrap_err();
     assert!(err.to_string().contains("17 channels"), "{err}");
+    // A batch, an output and statistics that disagree on the channels: the kernels' table
+    // would be sized for one count and read for another.
+    let x = backend.fill(DType::U8, 3, 0.0).unwrap();
+    let layout = redline_tensor::Layout::contiguous(&[1, 1, 1, 3]);
+    let view = redline_tensor::View {
+        storage: &x,
+        layout: &layout,
+    };
+    let wide = redline_tensor::Layout::channels_last(&[1, 4, 1, 1]).unwrap();
+    let err = backend
+        .normalize_input(view, &[0.5; 3], &[0.2; 3], DType::F32, &wide)
+        .unwrap_err();
+    assert!(err.to_string().contains("4 (output)"), "{err}");
 }
 
 #[test]

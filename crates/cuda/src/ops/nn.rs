@@ -179,11 +179,16 @@ pub fn normalize_input(
     out: &Operand,
 ) -> Result<()> {
     let channels = mean.len();
-    if channels > INPUT_MAX_CHANNELS || std.len() != channels {
+    let (x_channels, out_channels) = (x.layout.shape()[3], out.layout.shape()[1]);
+    if channels > INPUT_MAX_CHANNELS
+        || std.len() != channels
+        || x_channels != channels
+        || out_channels != channels
+    {
         return Err(TensorError::Backend {
             device: gpu.name(),
             what: format!(
-                "normalize_input: {channels} channels (mean) and {} (std); the CUDA input op takes equal counts up to {INPUT_MAX_CHANNELS}",
+                "normalize_input: {channels} channels (mean), {} (std), {x_channels} (batch) and {out_channels} (output); the CUDA input op takes equal counts up to {INPUT_MAX_CHANNELS}",
                 std.len()
             ),
         });
@@ -212,7 +217,10 @@ pub fn normalize_input(
         .strided(&strided(gpu, out.layout, "normalize_input")?)
         .i64(n as i64)
         .f64s(&norm);
-    gpu.launch(&kernels::normalize_input(out.dtype), linear_shape(n), &args)
+    // Each block tabulates 256 values a channel: let a thread take about 16 elements, so the
+    // table is not most of the work.
+    let blocks = linear_shape(n.div_ceil(16));
+    gpu.launch(&kernels::normalize_input(out.dtype), blocks, &args)
 }
 
 /// Where the input op's packed kernel may run — the loader's batch, a dense `[N, H, W, C]`

@@ -85,9 +85,10 @@ pub fn max_pool2d(
     if let Some(([from, to], cols)) = channels_last_packs(&[x, out]) {
         let at = positions.offset(out.layout.offset() * 8);
         let args = KernelArgs::new().ptr(from).ptr(to).ptr(at);
-        let args = planes(args, n / (16 / x.dtype.size()), cols, x, out);
+        let packs = n / (16 / x.dtype.size());
+        let args = planes(args, packs, cols, x, out);
         let kernel = kernels::pool("max_pool2d_packed", x.dtype);
-        return gpu.launch(&kernel, linear_shape(n), &geometry(args, p));
+        return gpu.launch(&kernel, linear_shape(packs), &geometry(args, p));
     }
     let args = KernelArgs::new()
         .ptr(x.ptr)
@@ -135,9 +136,10 @@ pub fn pool_grad(
         if at.layout.strides_match(&channels_last(at.layout)) {
             let start = at.ptr.offset(at.layout.offset() * 8);
             let args = KernelArgs::new().ptr(from).ptr(start).ptr(to);
-            let args = planes(args, n / (16 / dtype.size()), cols, out, g);
+            let packs = n / (16 / dtype.size());
+            let args = planes(args, packs, cols, out, g);
             let kernel = kernels::pool("max_pool2d_grad_packed", dtype);
-            return gpu.launch(&kernel, linear_shape(n), &geometry(args, p));
+            return gpu.launch(&kernel, linear_shape(packs), &geometry(args, p));
         }
     }
     let what = if positions.is_some() {
