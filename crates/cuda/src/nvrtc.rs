@@ -139,9 +139,9 @@ fn loaded() -> Result<&'static (PathBuf, [libloading::Library; 2]), LibError> {
         .map_err(Clone::clone)
 }
 
-/// Loads NVRTC for cuDNN (see [`loaded`]) even when every kernel of ours comes ahead of time
-/// and nothing is compiled: its path and version ("13.0"), or why cuDNN's runtime-compiled
-/// engines will be refused.
+/// Loads NVRTC and its builtins globally for cuDNN, whose runtime-compiled engines find NVRTC
+/// only so, even when every kernel of ours comes ahead of time and nothing is compiled: its
+/// path and version ("13.0"), or why those engines will be refused.
 pub fn preload() -> Result<(PathBuf, String), LibError> {
     let (path, [lib, _]) = loaded()?;
     let version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int =
