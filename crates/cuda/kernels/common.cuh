@@ -13,25 +13,52 @@ typedef unsigned long long u64;
 /// The most axes an operand may have (the Rust side refuses more, naming the op).
 #define MAX_RANK 8
 
+/// How `position` walks an operand: contiguous (offset + i), by 32-bit coordinates (every
+/// index below 2^31, divided by multiply-high: a few instructions an axis), or by 64-bit
+/// division (a long software sequence an axis; only for operands of 2^31 elements or more).
+#define WALK_INDEX64 0
+#define WALK_CONTIGUOUS 1
+#define WALK_INDEX32 2
+
 /// An operand seen through a layout: logical element `i` (row-major over `shape`) lives at
-/// `offset + Σ coord[d] · stride[d]`. Broadcast axes have stride 0. Mirrors `ops::Strided`.
+/// `offset + Σ coord[d] · stride[d]`. Broadcast axes have stride 0. Mirrors `gpu::Strided`,
+/// which also computes the divisors: i / shape[d] = (umulhi(i, magic[d]) + i) >> shift[d] for
+/// every i < 2^31 (Granlund and Montgomery's division by invariant integers).
 struct Strided {
     i64 offset;
     i32 rank;
-    i32 contiguous;  // 1: offset + i, no index arithmetic
+    i32 walk;  // WALK_*
     i64 shape[MAX_RANK];
     i64 stride[MAX_RANK];
+    u32 magic[MAX_RANK];
+    u32 shift[MAX_RANK];
 };
 
+/// i / shape[d] for i < 2^31 (the sum cannot overflow 32 bits).
+__device__ __forceinline__ u32 divide(const Strided &s, int d, u32 i) {
+    return (__umulhi(i, s.magic[d]) + i) >> s.shift[d];
+}
+
+/// Where logical element `i` (below the operand's element count) lives. The outermost
+/// coordinate is what remains after the inner axes are divided out: no division for it.
 __device__ __forceinline__ i64 position(const Strided &s, i64 i) {
-    if (s.contiguous) return s.offset + i;
+    if (s.walk == WALK_CONTIGUOUS) return s.offset + i;
     i64 at = s.offset;
-    for (int d = s.rank - 1; d >= 0; d--) {
-        i64 n = s.shape[d];
+    if (s.walk == WALK_INDEX32) {
+        u32 j = (u32)i;
+        for (int d = s.rank - 1; d > 0; d--) {
+            const u32 q = divide(s, d, j);
+            at += (i64)(j - q * (u32)s.shape[d]) * s.stride[d];
+            j = q;
+        }
+        return at + (i64)j * s.stride[0];
+    }
+    for (int d = s.rank - 1; d > 0; d--) {
+        const i64 n = s.shape[d];
         at += (i % n) * s.stride[d];
         i /= n;
     }
-    return at;
+    return at + i * s.stride[0];
 }
 
 /// `Pick<c, A, B>::type` is A when c holds, else B (std::conditional without the standard library,

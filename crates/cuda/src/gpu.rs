@@ -363,12 +363,42 @@ pub const MAX_RANK: usize = 8;
 pub struct Strided {
     pub offset: i64,
     pub rank: i32,
-    pub contiguous: i32,
+    /// How the kernel finds element `i`: one of the `WALK_*` constants.
+    pub walk: i32,
     pub shape: [i64; MAX_RANK],
     pub stride: [i64; MAX_RANK],
+    /// With `shift`, the divisor of each axis: `i / shape[d]` is
+    /// `(umulhi(i, magic[d]) + i) >> shift[d]` for `i < 2^31` (see [`divisor`]).
+    pub magic: [u32; MAX_RANK],
+    pub shift: [u32; MAX_RANK],
+}
+
+/// `(magic, shift)` such that `n / d == (umulhi(n, magic) + n) >> shift` for every `n < 2^31`,
+/// `1 <= d < 2^31` (Granlund and Montgomery, "Division by invariant integers using
+/// multiplication", 1994; the form PyTorch's `IntDivider` uses). A multiply-high, an add and a
+/// shift in place of the GPU's software division.
+pub fn divisor(d: u32) -> (u32, u32) {
+    debug_assert!((1..1 << 31).contains(&d), "divisor {d}");
+    let shift = 32 - (d - 1).leading_zeros(); // ceil(log2 d)
+    let magic = (((1u64 << shift) - u64::from(d)) << 32) / u64::from(d) + 1;
+    (magic as u32, shift)
+}
+
+/// What `divide` in `kernels/common.cuh` computes, for the tests.
+#[cfg(test)]
+fn divide(n: u32, (magic, shift): (u32, u32)) -> u32 {
+    let high = ((u64::from(n) * u64::from(magic)) >> 32) as u32;
+    (high + n) >> shift
 }
 
 impl Strided {
+    /// Coordinates by 64-bit division: only for operands of 2^31 elements or more.
+    pub const WALK_INDEX64: i32 = 0;
+    /// `offset + i`: no index arithmetic.
+    pub const WALK_CONTIGUOUS: i32 = 1;
+    /// Coordinates by 32-bit multiply-high division (every index below 2^31).
+    pub const WALK_INDEX32: i32 = 2;
+
     /// `layout` for a kernel; more than [`MAX_RANK`] axes is an error naming `what`.
     pub fn new(layout: &redline_tensor::Layout, device: &str, what: &str) -> Result<Self> {
         Self::from_parts(
@@ -382,16 +412,23 @@ impl Strided {
 
     /// A dense row-major run of `n` elements from `offset`.
     pub fn contiguous(n: usize, offset: usize) -> Self {
-        let mut s = Self {
-            offset: offset as i64,
-            rank: 1,
-            contiguous: 1,
-            shape: [1; MAX_RANK],
-            stride: [0; MAX_RANK],
-        };
+        let mut s = Self::empty(offset, 1);
+        s.walk = Strided::WALK_CONTIGUOUS;
         s.shape[0] = n.max(1) as i64;
         s.stride[0] = 1;
         s
+    }
+
+    fn empty(offset: usize, rank: usize) -> Self {
+        Self {
+            offset: offset as i64,
+            rank: rank as i32,
+            walk: Strided::WALK_INDEX64,
+            shape: [1; MAX_RANK],
+            stride: [0; MAX_RANK],
+            magic: [1; MAX_RANK],
+            shift: [0; MAX_RANK],
+        }
     }
 
     pub fn from_parts(
@@ -410,13 +447,7 @@ impl Strided {
                 ),
             });
         }
-        let mut s = Self {
-            offset: offset as i64,
-            rank: shape.len() as i32,
-            contiguous: 0,
-            shape: [1; MAX_RANK],
-            stride: [0; MAX_RANK],
-        };
+        let mut s = Self::empty(offset, shape.len());
         for (d, (&n, &st)) in shape.iter().zip(strides).enumerate() {
             s.shape[d] = n.max(1) as i64;
             s.stride[d] = st as i64;
@@ -430,7 +461,17 @@ impl Strided {
             }
             expect *= n;
         }
-        s.contiguous = dense as i32;
+        let numel: usize = shape.iter().product();
+        s.walk = if dense {
+            Strided::WALK_CONTIGUOUS
+        } else if numel < 1 << 31 {
+            for d in 0..shape.len() {
+                (s.magic[d], s.shift[d]) = divisor(s.shape[d] as u32);
+            }
+            Strided::WALK_INDEX32
+        } else {
+            Strided::WALK_INDEX64
+        };
         Ok(s)
     }
 }
@@ -441,21 +482,57 @@ mod tests {
 
     #[test]
     fn strided_matches_the_kernels_struct() {
-        // i64 offset, i32 rank, i32 contiguous, then two arrays of MAX_RANK i64: no padding.
-        assert_eq!(size_of::<Strided>(), 8 + 4 + 4 + 2 * 8 * MAX_RANK);
+        // i64 offset, i32 rank, i32 walk, two arrays of MAX_RANK i64, two of MAX_RANK u32:
+        // no padding.
+        assert_eq!(
+            size_of::<Strided>(),
+            8 + 4 + 4 + 2 * 8 * MAX_RANK + 2 * 4 * MAX_RANK
+        );
     }
 
     #[test]
-    fn dense_layouts_take_the_contiguous_path_and_others_do_not() {
+    fn dense_layouts_walk_contiguously_others_by_32_bit_division_below_2_31_elements() {
         let dense = Strided::from_parts(&[2, 3, 4], &[12, 4, 1], 5, "t", "x").unwrap();
-        assert_eq!(dense.contiguous, 1);
+        assert_eq!(dense.walk, Strided::WALK_CONTIGUOUS);
         let ones = Strided::from_parts(&[2, 1, 4], &[4, 99, 1], 0, "t", "x").unwrap();
-        assert_eq!(ones.contiguous, 1);
+        assert_eq!(ones.walk, Strided::WALK_CONTIGUOUS);
         let broadcast = Strided::from_parts(&[2, 3], &[0, 1], 0, "t", "x").unwrap();
-        assert_eq!(broadcast.contiguous, 0);
+        assert_eq!(broadcast.walk, Strided::WALK_INDEX32);
+        assert_eq!((broadcast.magic[1], broadcast.shift[1]), divisor(3));
         let transposed = Strided::from_parts(&[3, 2], &[1, 3], 0, "t", "x").unwrap();
-        assert_eq!(transposed.contiguous, 0);
+        assert_eq!(transposed.walk, Strided::WALK_INDEX32);
+        // 2^31 elements (a broadcast view costs no memory): indices past 32-bit division's range.
+        let huge = Strided::from_parts(&[1 << 16, 1 << 15], &[0, 1], 0, "t", "x").unwrap();
+        assert_eq!(huge.walk, Strided::WALK_INDEX64);
+        let below = Strided::from_parts(&[(1 << 16) - 1, 1 << 15], &[0, 1], 0, "t", "x").unwrap();
+        assert_eq!(below.walk, Strided::WALK_INDEX32);
         let err = Strided::from_parts(&[1; 9], &[1; 9], 0, "cuda:0", "add").unwrap_err();
         assert!(err.to_string().contains("9 axes"), "{err}");
+    }
+
+    #[test]
+    fn the_32_bit_divisors_divide_every_index_below_2_31_exactly() {
+        // Small divisors exhaustively against the numerators near every multiple's edges, and
+        // the divisors around powers of two (where the shift changes) and at the top of the
+        // range, against numerators spread over [0, 2^31).
+        let top = (1u32 << 31) - 1;
+        let mut divisors: Vec<u32> = (1..=4096).collect();
+        for k in 1..31 {
+            let p = 1u32 << k;
+            divisors.extend([p - 1, p, p + 1]);
+        }
+        divisors.extend([7 * 7 * 2048, 112 * 112 * 64, 224 * 224 * 3, top - 1, top]);
+        for &d in &divisors {
+            let div = divisor(d);
+            let edges = (1..64u32).flat_map(|q| {
+                let at = q.saturating_mul(d);
+                [at.saturating_sub(1), at, at.saturating_add(1)]
+            });
+            let spread = (0..2048u32).map(|k| k.wrapping_mul(1_048_573) % (1 << 31));
+            for n in edges.chain(spread).chain([0, 1, top - 1, top]) {
+                let n = n.min(top);
+                assert_eq!(divide(n, div), n / d, "{n} / {d} with {div:?}");
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use redline_cuda::{CudaBackend, KernelArgs, LaunchShape};
+use redline_cuda::{CudaBackend, KernelArgs, LaunchShape, Strided};
 use redline_tensor::{BinaryOp, DType, Device, Pool2dParams, Tensor, UnaryOp};
 use redline_testkit::{run_conformance, SuiteConfig};
 
@@ -633,6 +633,50 @@ fn parameters_that_do_not_match_the_kernel_are_refused_before_it_runs() {
         .launch("fill<float>", LaunchShape::linear(1, 32), &args)
         .unwrap_err();
     assert!(err.to_string().contains("packed 2"), "{err}");
+    gpu.free(out);
+}
+
+#[test]
+fn strided_walks_by_32_and_64_bit_division_reach_the_same_elements() {
+    // x[0..210] read through a permuted view with a broadcast axis and an offset, copied out
+    // densely: each walk must land on the element the coordinates name. Operands under 2^31
+    // elements take the 32-bit walk; the 64-bit one (for larger) is forced here.
+    let backend = CudaBackend::emulated().unwrap();
+    let gpu = backend.gpu();
+    let (shape, strides, offset) = ([6usize, 3, 5, 7], [1usize, 0, 42, 6], 9usize);
+    let n: usize = shape.iter().product();
+    let x: Vec<f32> = (0..260).map(|i| i as f32).collect();
+    let want: Vec<f32> = (0..n)
+        .map(|i| {
+            let (a, b, c, d) = (i / 105, i / 35 % 3, i / 7 % 5, i % 7);
+            x[offset + a * strides[0] + b * strides[1] + c * strides[2] + d * strides[3]]
+        })
+        .collect();
+    let xp = gpu.alloc(4 * x.len()).unwrap();
+    let out = gpu.alloc(4 * n).unwrap();
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    gpu.upload(xp, &bytes).unwrap();
+    for walk in [Strided::WALK_INDEX32, Strided::WALK_INDEX64] {
+        let mut xs = Strided::from_parts(&shape, &strides, offset, "emulated", "test").unwrap();
+        assert_eq!(xs.walk, Strided::WALK_INDEX32);
+        xs.walk = walk;
+        let args = KernelArgs::new()
+            .ptr(xp)
+            .strided(&xs)
+            .ptr(out)
+            .strided(&Strided::contiguous(n, 0))
+            .i64(n as i64);
+        gpu.launch("convert<float, float>", LaunchShape::linear(2, 64), &args)
+            .unwrap();
+        let mut got = vec![0u8; 4 * n];
+        gpu.download(out, &mut got).unwrap();
+        let got: Vec<f32> = got
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(got, want, "walk {walk}");
+    }
+    gpu.free(xp);
     gpu.free(out);
 }
 

@@ -4,7 +4,7 @@ use redline_tensor::{BinaryOp, DType, Layout, Result, UnaryOp};
 
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, Strided};
 use crate::kernels;
-use crate::ops::{linear_shape, share_one_dense_order};
+use crate::ops::{in_output_order, linear_shape, share_one_dense_order};
 
 /// An operand: its base pointer and its layout (offsets in elements).
 pub struct Operand<'a> {
@@ -14,11 +14,11 @@ pub struct Operand<'a> {
 }
 
 /// Launches `kernel(op0, strided0, op1, strided1, …, n)` over `out`'s elements, the output
-/// last — the parameter order every strided elementwise kernel declares. Operands that share
-/// one dense order (a channels-last activation and its gradient, say) go as flat runs, so the
-/// kernel walks memory in order instead of striding through it in logical order; where they
-/// also make whole aligned 16-byte packs, `packed` (`kernel_packed(op0, op1, …, packs)`) runs
-/// instead, if given.
+/// last — the parameter order every strided elementwise kernel declares. The kernel walks the
+/// operands in the output's memory order with their runs merged ([`in_output_order`]): flat
+/// runs for operands that share one dense order (a channels-last activation and its gradient,
+/// say). Where those also make whole aligned 16-byte packs, `packed`
+/// (`kernel_packed(op0, op1, …, packs)`) runs instead, if given.
 fn launch(
     gpu: &dyn Gpu,
     kernel: &str,
@@ -43,11 +43,8 @@ fn launch(
         return gpu.launch(&packed, linear_shape(packs), &args.i64(packs as i64));
     }
     let mut args = KernelArgs::new();
-    for operand in operands {
-        let strided = match flat {
-            true => Strided::contiguous(n, operand.layout.offset()),
-            false => Strided::new(operand.layout, &device, what)?,
-        };
+    for (operand, (shape, strides, offset)) in operands.iter().zip(in_output_order(&layouts)) {
+        let strided = Strided::from_parts(&shape, &strides, offset, &device, what)?;
         args = args.ptr(operand.ptr).strided(&strided);
     }
     gpu.launch(kernel, linear_shape(n), &args.i64(n as i64))

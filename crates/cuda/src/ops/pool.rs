@@ -36,19 +36,15 @@ fn channels_last(l: &Layout) -> Layout {
 fn channels_last_packs(operands: &[&Operand; 2]) -> Option<([DevicePtr; 2], usize)> {
     let size = operands[0].dtype.size();
     let channels = operands[0].layout.shape()[1];
+    let start = |o: &Operand| o.ptr.offset(o.layout.offset() * size);
     let fits = operands.iter().all(|o| {
-        let start = o.ptr.offset(o.layout.offset() * size);
         o.dtype == operands[0].dtype
             && o.layout.shape()[1] == channels
             && o.layout.strides_match(&channels_last(o.layout))
-            && start.0.is_multiple_of(16)
+            && start(o).0.is_multiple_of(16)
     });
     let whole = size < 16 && channels > 0 && (channels * size).is_multiple_of(16);
-    let start = |o: &Operand| o.ptr.offset(o.layout.offset() * size);
-    (fits && whole).then(|| {
-        let [a, b] = operands;
-        ([start(a), start(b)], channels * size / 16)
-    })
+    (fits && whole).then(|| (operands.map(start), channels * size / 16))
 }
 
 /// The packed kernels' sizes: packs, packs a pixel, the input's plane and the output's.
