@@ -1,5 +1,6 @@
 //! `redline-gpu-check [--json PATH] [--cases N] [--steps N] [--batch N] [--res N] [--model M]
-//! [--graph] [--speed-steps N] [--speed-batch N] [--speed-warmup N] [--vs-compile]
+//! [--graph] [--speed-steps N] [--speed-batch N] [--speed-warmup N] [--speed-profile-steps N]
+//! [--vs-compile]
 //! [--nproc N] [--scale-steps N] [--scale-batch N] [--scale-eager] [--emulate]` on a GPU machine (`--emulate`:
 //! on the host emulator instead); `redline-gpu-check prepare DIR` where the pack is built;
 //! `redline-gpu-check scale-rank …` is one rank of the scaling stage's jobs (started by it).
@@ -62,6 +63,10 @@ struct Cli {
     /// The speed stage's warm-up steps (both sides).
     #[arg(long, default_value_t = SpeedOptions::default().warmup)]
     speed_warmup: usize,
+    /// Eager steps of ours the speed stage times op by op (device time per op, for the
+    /// doctor's memory-access finding); 0 skips the profile.
+    #[arg(long, default_value_t = SpeedOptions::default().profile_steps)]
+    speed_profile_steps: usize,
     /// PyTorch's side of the speed stage under torch.compile too (adds its compile time).
     #[arg(long)]
     vs_compile: bool,
@@ -172,6 +177,7 @@ fn main() -> ExitCode {
             batch: cli.speed_batch,
             precision: cli.speed_precision,
             warmup: cli.speed_warmup,
+            profile_steps: cli.speed_profile_steps,
             vs_compile: cli.vs_compile,
             ..SpeedOptions::default()
         },

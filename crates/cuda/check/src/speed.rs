@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use redline_loader::Resident;
 use redline_tensor::Device;
+use redline_train::profile::{stream_bandwidth, OpProfile, StepProfile};
 use redline_train::{Phase, Precision, Summary, GRAPH_WARMUP_STEPS};
 use serde_json::{json, Value};
 
@@ -48,6 +49,11 @@ pub struct SpeedOptions {
     pub vs_loader: bool,
     /// The longest PyTorch's side may take.
     pub pytorch_timeout: Duration,
+    /// Eager steps of ours timed op by op on the device ([`op_profile`]); 0 skips it.
+    pub profile_steps: usize,
+    /// Bytes the stream bandwidth beside the op profile copies: past the L2 of every card we
+    /// measure on (RTX 5090: 96 MB; H100, H200: 50 MB).
+    pub stream_bytes: usize,
 }
 
 impl Default for SpeedOptions {
@@ -64,6 +70,8 @@ impl Default for SpeedOptions {
             vs_pytorch: true,
             vs_loader: true,
             pytorch_timeout: Duration::from_secs(240),
+            profile_steps: 2,
+            stream_bytes: 256 << 20,
         }
     }
 }
@@ -109,21 +117,66 @@ pub(crate) fn resident_batch(batch: usize, res: usize) -> (Vec<u8>, Vec<i64>) {
     (pixels, labels)
 }
 
-/// Our side on `device`: the trainer fed the resident batch, warm-up, then `steps` steps timed
-/// between two synchronisations.
-pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
+/// [`resident_batch`] in pinned buffers of `device`'s.
+fn resident(device: &Device, o: &SpeedOptions) -> Result<Resident, String> {
     let (pixels, labels) = resident_batch(o.batch, o.res);
-    let mut batches = Resident::new(
+    Resident::new(
         pixels,
         labels,
         o.res,
         RESIDENT_BUFFERS,
         device.host_allocator(),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())
+}
+
+/// Our side on `device`: the trainer fed the resident batch, warm-up, then `steps` steps timed
+/// between two synchronisations.
+pub fn ours(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
+    let mut batches = resident(device, o)?;
     let mut report = measure(device, o, &mut batches)?;
     report["pinned_batch"] = json!(batches.is_pinned());
     Ok(report)
+}
+
+/// Where our step's device time goes, op by op: a fresh trainer on the device wrapped in an
+/// [`OpProfile`] in detail (each op bracketed by two CUDA events), run eagerly — a replayed
+/// graph is one launch, timed only as a whole — one step to settle its caches, then
+/// `profile_steps` steps counted. The ops are the replay's kernels, so their device times are
+/// the replay's too; the profiled steps themselves run slower (reading the events waits for
+/// the device every few thousand ops), so they give no step time. Beside it the device's
+/// stream bandwidth, the doctor's yardstick for the memory-bound rows: the gpu-check report
+/// then judges memory access as `bench-imagenet --profile-ops` does where cargo runs.
+pub fn op_profile(device: &Device, o: &SpeedOptions) -> Result<Value, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let stream_gb_per_s = stream_bandwidth(device, o.stream_bytes).map_err(|e| err(&e))?;
+    let (profiled, profile) = OpProfile::wrap(device.clone(), true);
+    let mut batches = resident(&profiled, o)?;
+    let (mut trainer, _) =
+        crate::amp_resnet_trainer(&profiled, &o.model, CLASSES, o.res, false, o.precision)?;
+    trainer.train_step(&mut batches).map_err(|e| err(&e))?;
+    profiled.synchronize().map_err(|e| err(&e))?;
+    profile.reset();
+    for _ in 0..o.profile_steps {
+        trainer.train_step(&mut batches).map_err(|e| err(&e))?;
+    }
+    profiled.synchronize().map_err(|e| err(&e))?;
+    let rows = profile.rows();
+    let ops = StepProfile::new(&rows, o.profile_steps, false, profile.device_timed(), true);
+    for (op, _, calls, ms, bytes) in ops.rows.iter().take(12) {
+        let rate = match *bytes > 0.0 {
+            true => format!(", {:.0} GB/s", bytes / ms.max(1e-9) / 1e6),
+            false => String::new(),
+        };
+        eprintln!("gpu-check: speed: op profile: {ms:8.3} ms/step {calls:5.0} calls  {op}{rate}");
+    }
+    Ok(json!({
+        "steps": o.profile_steps,
+        "from": "eager steps of a fresh trainer, each op between two CUDA events (the replay's kernels; the profiled steps themselves run slower, so no step time is taken from them)",
+        "ops": ops.to_json(),
+        "stream_gb_per_s": stream_gb_per_s,
+        "stream_bytes": o.stream_bytes,
+    }))
 }
 
 /// Our side fed by the loader: a synthetic JPEG set made in a temporary folder (enough images
@@ -457,6 +510,11 @@ pub fn stage(
         report["tensor_peak_tflops"] = json!(peak);
         report["share_of_peak"] = json!(achieved / peak);
     }
+    // A profile that fails is reported, not the stage's failure: the speeds stand without it.
+    if o.profile_steps > 0 {
+        report["redline_op_profile"] =
+            op_profile(device, o).unwrap_or_else(|why| json!({ "error": why }));
+    }
     (sides.progress)(&report);
     match o.vs_pytorch {
         true => {
@@ -694,6 +752,8 @@ mod emulated {
             vs_pytorch: false,
             // Covered on the CPU; on the emulator it would double the test's minutes.
             vs_loader: false,
+            profile_steps: 1,
+            stream_bytes: 1 << 20,
             ..SpeedOptions::default()
         };
         let told = std::sync::Mutex::new(Vec::new());
@@ -732,6 +792,19 @@ mod emulated {
             "{report}"
         );
         assert_eq!(memory["device_allocations_measured"], 0, "{report}");
+        // Op by op on the emulator's clock, with the stream bandwidth beside it.
+        let profile = &report["redline_op_profile"];
+        assert_eq!(profile["ops"]["clock"], "device timestamps", "{report}");
+        let rows = profile["ops"]["rows"].as_array().unwrap();
+        assert!(
+            rows.iter()
+                .any(|r| r["op"].as_str().unwrap().starts_with("conv ")),
+            "{report}"
+        );
+        assert!(
+            profile["stream_gb_per_s"].as_f64().unwrap() > 0.0,
+            "{report}"
+        );
         // The doctor reads the stage as the check's JSON holds it (its field names).
         let doc = json!({"commit": "test", "gpu": {"name": "cuda-emulator"},
                          "stages": [{"name": "speed", "passed": true, "detail": report.clone()}]});

@@ -2,15 +2,16 @@
 //! Its speed stage measured our ResNet step fed from memory (busy fraction from CUDA events,
 //! the host's time inside `train_step`, kernels per step from the replayed graph) and again
 //! fed by the loader (its share of the memory-fed speed, the data stall); its training stage
-//! counted a steady step's synchronisations and downloads. It times no op by op: of memory
-//! access it says only whether cuDNN and cuBLASLt ran the step's convolutions and matmuls
-//! (our own kernels for them are far slower), else "not measured".
+//! counted a steady step's synchronisations and downloads; its op profile timed every op of a
+//! few eager steps on the device. Memory access is judged on whether cuDNN and cuBLASLt ran
+//! the step's convolutions and matmuls (our own kernels for them are far slower), then on the
+//! op profile's memory-bound ops against the stream bandwidth, as for a bench report.
 
 use serde_json::Value;
 
 use super::{
-    data_finding, holding_verdict, not_measured, num, pct, text, Bottleneck, Diagnosis, Finding,
-    NotAReport, Status, BUSY, DATA_STALL, HOST_BOUND,
+    data_finding, holding_verdict, memory, not_measured, num, pct, text, Bottleneck, Diagnosis,
+    Evidence, Finding, NotAReport, Ops, Status, BUSY, DATA_STALL, HOST_BOUND,
 };
 
 /// The loader-fed run's speed, as a share of the memory-fed run's, below which the loader
@@ -92,7 +93,7 @@ pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAR
     let findings = vec![
         data(speed),
         launches(ours, busy),
-        libraries(speed),
+        memory_access(speed, step_ms),
         synchronisation(passed("training"), busy),
     ];
     let subject = format!(
@@ -121,12 +122,13 @@ pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAR
     Ok(diagnosis)
 }
 
-/// Memory access, as far as gpu-check sees it: whether the vendor libraries ran the
+/// Memory access, as far as gpu-check sees it: first whether the vendor libraries ran the
 /// convolutions and matmuls (the step's bulk), or redline's own kernels did — written to be
-/// right, not fast (a direct convolution, far from cuDNN's speed). Op by op it measures nothing.
-fn libraries(speed: &Value) -> Finding {
-    const PER_OP: &str = "`cargo xtask bench imagenet --profile-ops` on a GPU machine with \
-                          cargo gives each memory-bound op's device time and bandwidth";
+/// right, not fast (a direct convolution, far from cuDNN's speed); then, from the speed stage's
+/// op profile (device time per op over eager steps, and the stream bandwidth), what the
+/// memory-bound ops take of the replayed step and how fast they move memory, judged as the
+/// bench's report is.
+fn memory_access(speed: &Value, step_ms: f64) -> Finding {
     let mut missing = Vec::new();
     let mut used = Vec::new();
     for (name, ops) in [("cuDNN", "convolution"), ("cuBLASLt", "matmul")] {
@@ -147,14 +149,33 @@ fn libraries(speed: &Value) -> Finding {
         }
     }
     if missing.is_empty() {
-        let evidence = match used.is_empty() {
-            true => format!("gpu-check times no op by op: {PER_OP}"),
-            false => format!(
-                "{} ran every plan of the step; gpu-check times no op by op: {PER_OP}",
-                used.join(" and ")
-            ),
+        let profile = &speed["redline_op_profile"];
+        let evidence = Evidence {
+            step_ms,
+            stall: 0.0,
+            synchronous: false,
+            ops: profile.get("ops").and_then(Ops::read),
+            stream_gb_per_s: num(profile, "stream_gb_per_s"),
+            allocations_per_step: None,
+            graph_nodes: None,
         };
-        return not_measured(Bottleneck::MemoryAccess, &evidence);
+        let libraries = match used.is_empty() {
+            true => String::new(),
+            false => format!("{} ran every plan of the step; ", used.join(" and ")),
+        };
+        if evidence.ops.is_none() {
+            let why = text(profile, "error").map_or_else(
+                || "the speed stage has no op profile (--speed-profile-steps 0)".into(),
+                |e| format!("the speed stage's op profile failed: {e}"),
+            );
+            return not_measured(Bottleneck::MemoryAccess, &format!("{libraries}{why}"));
+        }
+        let mut finding = memory(&evidence);
+        finding.evidence = format!(
+            "{libraries}timed op by op over eager steps, against the replayed step: {}",
+            finding.evidence
+        );
+        return finding;
     }
     Finding {
         bottleneck: Bottleneck::MemoryAccess,
@@ -347,10 +368,69 @@ mod tests {
         assert!(
             d.verdict.contains("31.0% of the card's tensor peak") && d.verdict.contains("1.12×")
         );
-        // What gpu-check cannot say is said to be unmeasured, with where to measure it.
+        // Without the speed stage's op profile, memory access is said to be unmeasured.
         let memory = d.finding(Bottleneck::MemoryAccess);
         assert_eq!(memory.status, Status::NotMeasured);
-        assert!(memory.evidence.contains("--profile-ops"));
+        assert!(memory.evidence.contains("--speed-profile-steps 0"), "{d}");
+    }
+
+    /// The speed stage's op profile: memory-bound ops taking `ms` of each step and moving
+    /// `bytes`, the device's stream bandwidth 3,000 GB/s.
+    fn profiled(ms: f64, bytes: f64) -> Value {
+        let mut r = report(0.97, 0.9, 22, 0.99, 0);
+        let kind = |share: f64| {
+            json!({"calls_per_step": 300, "ms_per_step": ms * share,
+                                       "bytes_per_step": bytes * share})
+        };
+        r["stages"][2]["detail"]["redline_op_profile"] = json!({
+            "steps": 2, "stream_gb_per_s": 3000.0,
+            "ops": {
+                "clock": "device timestamps", "launches_per_step": 900.0,
+                "host_issue_ms_per_step": 20.0, "blocked_ms_per_step": 0.0, "blocking_calls": [],
+                "device_ms_per_step": 80.0,
+                "by_kind": {"elementwise": kind(0.75), "reduction": kind(0.25)},
+                "rows": [{"op": "binary mul bf16 [256, 256, 56, 56]", "kind": "elementwise",
+                          "calls_per_step": 3.0, "ms_per_step": ms / 2.0,
+                          "bytes_per_step": bytes / 4.0}],
+            },
+        });
+        r
+    }
+
+    /// With the op profile, memory access is judged against the replayed step (85 ms here):
+    /// slow memory-bound ops hold, fast ones are clear; a failed profile is said to be.
+    #[test]
+    fn the_op_profile_judges_memory_access_against_the_replayed_step() {
+        // 30 ms of 85 moving 15 GB: 500 GB/s, a sixth of the stream bandwidth.
+        let d = super::super::diagnose(&profiled(30.0, 15e9)).unwrap();
+        assert_eq!(holding(&d), [Bottleneck::MemoryAccess], "{d}");
+        let f = d.finding(Bottleneck::MemoryAccess);
+        assert!(
+            f.evidence.contains("timed op by op over eager steps"),
+            "{d}"
+        );
+        assert!(f.evidence.contains("35.3% of the device part"), "{d}");
+        assert!(
+            f.evidence
+                .contains("16.7% of this device's stream bandwidth"),
+            "{d}"
+        );
+        assert!(f.evidence.contains("binary mul bf16"), "{d}");
+        assert!(f.fix.contains("layout and fusion"), "{d}");
+        // 5 ms moving 12.5 GB: 2,500 GB/s.
+        let d = super::super::diagnose(&profiled(5.0, 12.5e9)).unwrap();
+        let f = d.finding(Bottleneck::MemoryAccess);
+        assert_eq!(f.status, Status::Clear, "{d}");
+        assert!(holding(&d).is_empty(), "{d}");
+        let mut r = profiled(5.0, 12.5e9);
+        r["stages"][2]["detail"]["redline_op_profile"] = json!({"error": "out of memory"});
+        let d = super::super::diagnose(&r).unwrap();
+        let f = d.finding(Bottleneck::MemoryAccess);
+        assert_eq!(f.status, Status::NotMeasured, "{d}");
+        assert!(
+            f.evidence.contains("op profile failed: out of memory"),
+            "{d}"
+        );
     }
 
     #[test]
