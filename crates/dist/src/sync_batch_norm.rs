@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use redline_nn::{BatchStatsSync, Module};
-use redline_tensor::{DType, Device, Tensor, TensorError};
+use redline_tensor::{Tensor, TensorError};
 
 use crate::collective::{Collective, Reduce};
 use crate::error::Result;
@@ -69,13 +69,5 @@ impl BatchStatsSync for SyncBatchStats {
         Ok(out.with_backward("all_reduce_sum", &[t], move |grad| {
             Ok(vec![Some(summed(group.as_ref(), grad)?)])
         }))
-    }
-
-    fn sum_count(&self, n: usize) -> redline_tensor::Result<usize> {
-        let count = Tensor::full(n as f64, &[1], DType::F64, &Device::reference())?;
-        (self.group)
-            .all_reduce(std::slice::from_ref(&count), Reduce::Sum)
-            .map_err(tensor_error)?;
-        Ok(count.item()? as usize)
     }
 }

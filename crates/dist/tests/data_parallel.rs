@@ -300,6 +300,14 @@ fn a_device_collective_gets_a_ranks_every_collective_from_the_backward_thread_in
             "step {step}: {ops:?}"
         );
         assert_eq!(ops.iter().filter(|op| **op == Reduce::Avg).count(), 5);
+        // Batch norm's sums over 4 channels with the count riding along, then its squares,
+        // and their gradients back: no all-reduce of a count on its own (read on the host,
+        // it made every step wait for the device).
+        let sums: Vec<&[usize]> = (calls.iter())
+            .filter(|(_, op, _)| *op == Reduce::Sum)
+            .map(|(_, _, sizes)| sizes.as_slice())
+            .collect();
+        assert_eq!(sums, [[5], [4], [4], [5]], "step {step}: {calls:?}");
     }
     let strip = |calls: &[Issued]| -> Vec<(Reduce, Vec<usize>)> {
         calls.iter().map(|(_, op, n)| (*op, n.clone())).collect()

@@ -16,8 +16,6 @@ pub trait BatchStatsSync: Send + Sync {
     /// `t` summed over every process, as a differentiable op: the gradient of the result is
     /// summed over every process too.
     fn sum(&self, t: &Tensor) -> Result<Tensor>;
-    /// `n` summed over every process (how many values the statistics cover).
-    fn sum_count(&self, n: usize) -> Result<usize>;
 }
 
 pub struct BatchNorm2d {
@@ -110,17 +108,27 @@ impl BatchNorm2d {
             )));
         };
         let axes = [0, 2, 3];
-        let total = sync.sum_count(x.numel() / c.max(1))? as f64;
-        if total < 1.0 {
-            return Err(TensorError::Shape(
-                "synchronised batch norm over an empty batch on every process".into(),
-            ));
-        }
-        let mean = sync.sum(&x.sum(&axes, true)?)?.mul_scalar(1.0 / total)?;
+        // This process's count rides with its sums in one all-reduce on the device, so no
+        // step waits for a count on the host (one round trip per norm per step, and a value a
+        // captured graph would have baked in).
+        let per_channel = [1, c, 1, 1];
+        let device = x.device();
+        let count = Tensor::full((x.numel() / c.max(1)) as f64, &[1], DType::F32, device)?;
+        let local = Tensor::concat(&[&x.sum(&axes, false)?, &count], 0)?;
+        let summed = sync.sum(&local)?;
+        // A constant: no gradient flows back into the count.
+        let total = summed.narrow(0, c, 1)?.detach();
+        // An empty batch on every process: sums and count 0, the statistics 0 over 1 (not
+        // NaN), and the running statistics left as they are (their momentum times 0).
+        let one = Tensor::full(1.0, &[1], DType::F32, device)?;
+        let divisor = total.maximum(&one)?;
+        let mean = summed
+            .narrow(0, 0, c)?
+            .div(&divisor)?
+            .reshape(&per_channel)?;
         let centred = x.sub(&mean)?;
         let squares = centred.mul(&centred)?.sum(&axes, true)?;
-        let var = sync.sum(&squares)?.mul_scalar(1.0 / total)?;
-        let per_channel = [1, c, 1, 1];
+        let var = sync.sum(&squares)?.div(&divisor)?;
         let scale = var
             .add_scalar(self.eps)?
             .rsqrt()?
@@ -134,14 +142,16 @@ impl BatchNorm2d {
         if relu {
             y = y.relu()?;
         }
-        let momentum = self.momentum;
         no_grad(|| -> Result<()> {
-            let update = |stat: &Tensor, batch: &Tensor, factor: f64| -> Result<()> {
-                let batch = batch.reshape(&[c])?.mul_scalar(factor * momentum)?;
-                stat.assign(&stat.mul_scalar(1.0 - momentum)?.add(&batch)?)
+            let momentum = total.minimum(&one)?.mul_scalar(self.momentum)?;
+            let update = |stat: &Tensor, batch: &Tensor| -> Result<()> {
+                let step = batch.reshape(&[c])?.sub(stat)?.mul(&momentum)?;
+                stat.assign(&stat.add(&step)?)
             };
-            update(&self.running_mean, &mean, 1.0)?;
-            update(&self.running_var, &var, total / (total - 1.0).max(1.0))
+            update(&self.running_mean, &mean)?;
+            // The unbiased variance: total / (total − 1), over the whole batch.
+            let unbiased = total.div(&total.add_scalar(-1.0)?.maximum(&one)?)?;
+            update(&self.running_var, &var.reshape(&[c])?.mul(&unbiased)?)
         })?;
         Ok(y)
     }
