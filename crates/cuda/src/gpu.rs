@@ -461,10 +461,14 @@ impl Strided {
             }
             expect *= n;
         }
-        let numel: usize = shape.iter().product();
+        // Over the sizes the kernel divides by (at least 1 each): every index and every axis
+        // then fits the 32-bit walk, an empty operand's long axis included.
+        let walked = s.shape[..shape.len()]
+            .iter()
+            .fold(1u64, |n, &d| n.saturating_mul(d as u64));
         s.walk = if dense {
             Strided::WALK_CONTIGUOUS
-        } else if numel < 1 << 31 {
+        } else if walked < 1 << 31 {
             for d in 0..shape.len() {
                 (s.magic[d], s.shift[d]) = divisor(s.shape[d] as u32);
             }
@@ -506,6 +510,9 @@ mod tests {
         assert_eq!(huge.walk, Strided::WALK_INDEX64);
         let below = Strided::from_parts(&[(1 << 16) - 1, 1 << 15], &[0, 1], 0, "t", "x").unwrap();
         assert_eq!(below.walk, Strided::WALK_INDEX32);
+        // No elements, but an axis past 32 bits: not a divisor the 32-bit walk can hold.
+        let empty = Strided::from_parts(&[5, 0, 1 << 32], &[0, 1, 1], 0, "t", "x").unwrap();
+        assert_eq!(empty.walk, Strided::WALK_INDEX64);
         let err = Strided::from_parts(&[1; 9], &[1; 9], 0, "cuda:0", "add").unwrap_err();
         assert!(err.to_string().contains("9 axes"), "{err}");
     }

@@ -98,7 +98,8 @@ fn broadcasting_strided_and_channels_last_operands() {
         let x = Tensor::from_slice(&ramp(2 * 3 * 5 * 7, 0.05), &[2, 3, 5, 7], d).unwrap();
         x.to_channels_last().unwrap().relu().unwrap()
     });
-    // Both channels-last (walked as flat runs), then one of each (walked in logical order).
+    // Both channels-last (walked as flat runs), then one of each (walked in the output's
+    // memory order, the other operand strided).
     for mixed in [false, true] {
         same_as_reference(&format!("channels-last sum, mixed {mixed}"), 1e-6, |d| {
             let x = Tensor::from_slice(&ramp(2 * 6 * 5 * 7, 0.05), &[2, 6, 5, 7], d).unwrap();

@@ -101,8 +101,8 @@ pub fn select(
     )
 }
 
-/// `out = x` converted to `out.dtype`, element by element in logical order: a cast, a relayout
-/// into a dense layout, or a copy into part of an existing storage.
+/// `out = x` converted to `out.dtype`, element by element in `out`'s memory order: a cast, a
+/// relayout into a dense layout, or a copy into part of an existing storage.
 pub fn convert(gpu: &dyn Gpu, x: &Operand, out: &Operand) -> Result<()> {
     launch(
         gpu,

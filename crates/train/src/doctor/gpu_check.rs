@@ -125,9 +125,9 @@ pub(super) fn diagnose(doc: &Value, stages: &[Value]) -> Result<Diagnosis, NotAR
 /// Memory access, as far as gpu-check sees it: first whether the vendor libraries ran the
 /// convolutions and matmuls (the step's bulk), or redline's own kernels did — written to be
 /// right, not fast (a direct convolution, far from cuDNN's speed); then, from the speed stage's
-/// op profile (device time per op over eager steps, and the stream bandwidth), what the
-/// memory-bound ops take of the replayed step and how fast they move memory, judged as the
-/// bench's report is.
+/// op profile (device time per op over eager steps, and the stream bandwidth), what share of
+/// the ops' device time the memory-bound ops take and how fast they move memory, by the bench
+/// report's thresholds.
 fn memory_access(speed: &Value, step_ms: f64) -> Finding {
     let mut missing = Vec::new();
     let mut used = Vec::new();
@@ -149,30 +149,43 @@ fn memory_access(speed: &Value, step_ms: f64) -> Finding {
         }
     }
     if missing.is_empty() {
-        let profile = &speed["redline_op_profile"];
-        let evidence = Evidence {
-            step_ms,
-            stall: 0.0,
-            synchronous: false,
-            ops: profile.get("ops").and_then(Ops::read),
-            stream_gb_per_s: num(profile, "stream_gb_per_s"),
-            allocations_per_step: None,
-            graph_nodes: None,
-        };
         let libraries = match used.is_empty() {
             true => String::new(),
             false => format!("{} ran every plan of the step; ", used.join(" and ")),
         };
-        if evidence.ops.is_none() {
-            let why = text(profile, "error").map_or_else(
-                || "the speed stage has no op profile (--speed-profile-steps 0)".into(),
-                |e| format!("the speed stage's op profile failed: {e}"),
-            );
+        let profile = &speed["redline_op_profile"];
+        let ops = profile.get("ops").and_then(Ops::read);
+        let why_not = match (&ops, text(profile, "error")) {
+            (_, Some(e)) => Some(format!("the speed stage's op profile did not run: {e}")),
+            (None, None) => Some(
+                "the speed stage has no op profile (a report from before it had one, a stage \
+                 cut short, or --speed-profile-steps 0)"
+                    .into(),
+            ),
+            (Some(o), None) if !o.device_timed => {
+                Some("the op profile has no device timestamps".into())
+            }
+            _ => None,
+        };
+        if let Some(why) = why_not {
             return not_measured(Bottleneck::MemoryAccess, &format!("{libraries}{why}"));
         }
+        // Shares of the profile's own device time (same steps, same clock): its eager steps
+        // are slower than the replay, so against the replayed step the share would be inflated.
+        let device_ms = ops.as_ref().and_then(|o| o.device_ms).unwrap_or(step_ms);
+        let evidence = Evidence {
+            step_ms: device_ms,
+            stall: 0.0,
+            synchronous: false,
+            ops,
+            stream_gb_per_s: num(profile, "stream_gb_per_s"),
+            allocations_per_step: None,
+            graph_nodes: None,
+        };
         let mut finding = memory(&evidence);
         finding.evidence = format!(
-            "{libraries}timed op by op over eager steps, against the replayed step: {}",
+            "{libraries}timed op by op over eager steps, whose ops ran {device_ms:.1} ms a step \
+             on the device (the device part below): {}",
             finding.evidence
         );
         return finding;
@@ -397,11 +410,13 @@ mod tests {
         r
     }
 
-    /// With the op profile, memory access is judged against the replayed step (85 ms here):
-    /// slow memory-bound ops hold, fast ones are clear; a failed profile is said to be.
+    /// With the op profile, memory access is judged against the profile's own device time
+    /// (80 ms a step here; the replayed step, 85 ms, is another run): slow memory-bound ops
+    /// hold, fast ones are clear; a profile that did not run or has no device clock is said
+    /// to be.
     #[test]
-    fn the_op_profile_judges_memory_access_against_the_replayed_step() {
-        // 30 ms of 85 moving 15 GB: 500 GB/s, a sixth of the stream bandwidth.
+    fn the_op_profile_judges_memory_access_against_its_own_device_time() {
+        // 30 ms of 80 moving 15 GB: 500 GB/s, a sixth of the stream bandwidth.
         let d = super::super::diagnose(&profiled(30.0, 15e9)).unwrap();
         assert_eq!(holding(&d), [Bottleneck::MemoryAccess], "{d}");
         let f = d.finding(Bottleneck::MemoryAccess);
@@ -409,7 +424,11 @@ mod tests {
             f.evidence.contains("timed op by op over eager steps"),
             "{d}"
         );
-        assert!(f.evidence.contains("35.3% of the device part"), "{d}");
+        assert!(
+            f.evidence.contains("ran 80.0 ms a step on the device"),
+            "{d}"
+        );
+        assert!(f.evidence.contains("37.5% of the device part"), "{d}");
         assert!(
             f.evidence
                 .contains("16.7% of this device's stream bandwidth"),
@@ -428,9 +447,16 @@ mod tests {
         let f = d.finding(Bottleneck::MemoryAccess);
         assert_eq!(f.status, Status::NotMeasured, "{d}");
         assert!(
-            f.evidence.contains("op profile failed: out of memory"),
+            f.evidence.contains("op profile did not run: out of memory"),
             "{d}"
         );
+        let mut r = profiled(5.0, 12.5e9);
+        r["stages"][2]["detail"]["redline_op_profile"]["ops"]["clock"] =
+            json!("host timer (enqueue only)");
+        let d = super::super::diagnose(&r).unwrap();
+        let f = d.finding(Bottleneck::MemoryAccess);
+        assert_eq!(f.status, Status::NotMeasured, "{d}");
+        assert!(f.evidence.contains("no device timestamps"), "{d}");
     }
 
     #[test]
