@@ -35,6 +35,27 @@ __device__ __forceinline__ i64 offset4(const Strided &s, i64 i0, i64 i1, i64 i2,
     return s.offset + i0 * s.stride[0] + i1 * s.stride[1] + i2 * s.stride[2] + i3 * s.stride[3];
 }
 
+/// Calls `f(iy, ix)` for each input position of output (oy, ox)'s window inside the H × W
+/// plane, row by row: the one window order every forward kernel visits, so the general and the
+/// packed max pool keep the same first maximum.
+template <class F>
+__device__ __forceinline__ void each_in_window(i64 oy, i64 ox, const PoolGeometry &g, i64 H, i64 W, F f) {
+    for (i64 ky = 0; ky < g.kh; ky++) {
+        const i64 iy = oy * g.sh + ky - g.ph;
+        if (iy < 0 || iy >= H) continue;
+        for (i64 kx = 0; kx < g.kw; kx++) {
+            const i64 ix = ox * g.sw + kx - g.pw;
+            if (ix >= 0 && ix < W) f(iy, ix);
+        }
+    }
+}
+
+/// Whether `v` takes over from `best` as the window's maximum: greater, or the first NaN.
+template <class A>
+__device__ __forceinline__ bool beats(A v, A best) {
+    return v > best || (v != v && best == best);
+}
+
 /// The outputs along one axis whose windows cover input coordinate `i`: [lo, hi].
 __device__ __forceinline__ void covering(i64 i, i64 k, i64 s, i64 p, i64 outputs, i64 &lo, i64 &hi) {
     const i64 first = i + p - k + 1;  // the lowest o with o·s − p + k − 1 ≥ i, before rounding
@@ -53,19 +74,13 @@ __global__ void max_pool2d(const T *__restrict__ x, Strided xs, T *__restrict__ 
         coords4(o, channels_inner, C, HO, WO, b, c, oy, ox);
         A best = -infinity<A>();
         i64 where = 0;
-        for (i64 ky = 0; ky < g.kh; ky++) {
-            const i64 iy = oy * g.sh + ky - g.ph;
-            if (iy < 0 || iy >= H) continue;
-            for (i64 kx = 0; kx < g.kw; kx++) {
-                const i64 ix = ox * g.sw + kx - g.pw;
-                if (ix < 0 || ix >= W) continue;
-                const A v = Num<T>::load(at4(x, xs, b, c, iy, ix));
-                if (v > best || (v != v && best == best)) {
-                    best = v;
-                    where = iy * W + ix;
-                }
+        each_in_window(oy, ox, g, H, W, [&](i64 iy, i64 ix) {
+            const A v = Num<T>::load(at4(x, xs, b, c, iy, ix));
+            if (beats(v, best)) {
+                best = v;
+                where = iy * W + ix;
             }
-        }
+        });
         const i64 at = offset4(os, b, c, oy, ox);
         out[at] = Num<T>::store(best);
         positions[at] = where;
@@ -103,14 +118,7 @@ __global__ void avg_pool2d(const T *__restrict__ x, Strided xs, T *__restrict__ 
         i64 b, c, oy, ox;
         coords4(o, channels_inner, C, HO, WO, b, c, oy, ox);
         A sum = 0;
-        for (i64 ky = 0; ky < g.kh; ky++) {
-            const i64 iy = oy * g.sh + ky - g.ph;
-            if (iy < 0 || iy >= H) continue;
-            for (i64 kx = 0; kx < g.kw; kx++) {
-                const i64 ix = ox * g.sw + kx - g.pw;
-                if (ix >= 0 && ix < W) sum += Num<T>::load(at4(x, xs, b, c, iy, ix));
-            }
-        }
+        each_in_window(oy, ox, g, H, W, [&](i64 iy, i64 ix) { sum += Num<T>::load(at4(x, xs, b, c, iy, ix)); });
         out[offset4(os, b, c, oy, ox)] = Num<T>::store(sum / area);
     }
 }
@@ -157,23 +165,17 @@ __global__ void max_pool2d_packed(const Pack16<T> *__restrict__ x, Pack16<T> *__
             best[k] = -infinity<A>();
             where[k] = 0;
         }
-        for (i64 ky = 0; ky < g.kh; ky++) {
-            const i64 iy = oy * g.sh + ky - g.ph;
-            if (iy < 0 || iy >= H) continue;
-            for (i64 kx = 0; kx < g.kw; kx++) {
-                const i64 ix = ox * g.sw + kx - g.pw;
-                if (ix < 0 || ix >= W) continue;
-                const Pack16<T> v = x[((b * H + iy) * W + ix) * cols + j];
+        each_in_window(oy, ox, g, H, W, [&](i64 iy, i64 ix) {
+            const Pack16<T> v = x[((b * H + iy) * W + ix) * cols + j];
 #pragma unroll
-                for (int k = 0; k < K; k++) {
-                    const A e = Num<T>::load(v.v[k]);
-                    if (e > best[k] || (e != e && best[k] == best[k])) {
-                        best[k] = e;
-                        where[k] = iy * W + ix;
-                    }
+            for (int k = 0; k < K; k++) {
+                const A e = Num<T>::load(v.v[k]);
+                if (beats(e, best[k])) {
+                    best[k] = e;
+                    where[k] = iy * W + ix;
                 }
             }
-        }
+        });
         Pack16<T> o;
 #pragma unroll
         for (int k = 0; k < K; k++) {
