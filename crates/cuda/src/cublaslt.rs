@@ -19,7 +19,7 @@ use redline_tensor::DType;
 use crate::gemm::{BlasMatrix, GemmPlan};
 use crate::gpu::DevicePtr;
 use crate::libs::{self, LibReport};
-use crate::plans::{Declined, PlanCache};
+use crate::plans::{Declined, PlanCache, Verdict};
 
 /// cuBLAS's recommended workspace on Hopper and Blackwell.
 pub const WORKSPACE_BYTES: usize = 32 << 20;
@@ -86,14 +86,18 @@ fn status(what: &str, e: impl std::fmt::Debug) -> String {
     format!("cuBLASLt {what}: {e:?}")
 }
 
-/// Whether a failed call's status says the plan is not for cuBLASLt (an unsupported or invalid
-/// parameter, or none for this architecture) rather than that the call failed.
-fn not_for_cublaslt(e: &result::CublasError) -> bool {
+/// What a failed call's status says: an unsupported or invalid parameter, or a type this
+/// architecture lacks, is this plan's; a library not set up or not licensed runs no plan here;
+/// anything else (execution, memory, internal) is the call's failure.
+fn verdict(e: &result::CublasError) -> Verdict {
     use sys::cublasStatus_t::*;
-    matches!(
-        e.0,
-        CUBLAS_STATUS_NOT_SUPPORTED | CUBLAS_STATUS_INVALID_VALUE | CUBLAS_STATUS_ARCH_MISMATCH
-    )
+    match e.0 {
+        CUBLAS_STATUS_NOT_SUPPORTED | CUBLAS_STATUS_INVALID_VALUE | CUBLAS_STATUS_ARCH_MISMATCH => {
+            Verdict::NotForPlan
+        }
+        CUBLAS_STATUS_NOT_INITIALIZED | CUBLAS_STATUS_LICENSE_ERROR => Verdict::Unusable,
+        _ => Verdict::Failed,
+    }
 }
 
 /// Sets attribute `attr` of descriptor `obj` to `value` through cuBLASLt's setter `set` (`T` is
@@ -295,8 +299,7 @@ impl CublasLt {
         };
         called.map_err(|e| {
             let why = status("matmul", e);
-            self.plans
-                .decline(&key, why, not_for_cublaslt(&e), capturing)
+            self.plans.decline(&key, why, verdict(&e), capturing)
         })
     }
 
@@ -319,13 +322,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unsupported_or_invalid_parameters_refuse_a_plan_and_other_failures_do_not() {
+    fn unsupported_parameters_refuse_a_plan_a_library_not_set_up_refuses_all_and_failures_fail() {
         use sys::cublasStatus_t::*;
-        let not_for_it = |s| not_for_cublaslt(&result::CublasError(s));
-        assert!(not_for_it(CUBLAS_STATUS_NOT_SUPPORTED));
-        assert!(not_for_it(CUBLAS_STATUS_INVALID_VALUE));
-        assert!(!not_for_it(CUBLAS_STATUS_EXECUTION_FAILED));
-        assert!(!not_for_it(CUBLAS_STATUS_INTERNAL_ERROR));
+        let of = |s| verdict(&result::CublasError(s));
+        for s in [
+            CUBLAS_STATUS_NOT_SUPPORTED,
+            CUBLAS_STATUS_INVALID_VALUE,
+            CUBLAS_STATUS_ARCH_MISMATCH,
+        ] {
+            assert_eq!(of(s), Verdict::NotForPlan, "{s:?}");
+        }
+        for s in [CUBLAS_STATUS_NOT_INITIALIZED, CUBLAS_STATUS_LICENSE_ERROR] {
+            assert_eq!(of(s), Verdict::Unusable, "{s:?}");
+        }
+        for s in [
+            CUBLAS_STATUS_EXECUTION_FAILED,
+            CUBLAS_STATUS_INTERNAL_ERROR,
+            CUBLAS_STATUS_ALLOC_FAILED,
+            CUBLAS_STATUS_MAPPING_ERROR,
+        ] {
+            assert_eq!(of(s), Verdict::Failed, "{s:?}");
+        }
     }
 
     #[test]

@@ -11,14 +11,18 @@
 //! Math: f32 is true f32 (`CUDNN_FMA_MATH`; cuDNN's default would allow TF32), f16 and bf16
 //! use tensor cores and accumulate in f32. Deterministic mode (`REDLINE_CUDA_DETERMINISTIC=1`,
 //! as `torch.backends.cudnn.deterministic`) takes only algorithms cuDNN marks deterministic.
-//! A plan cuDNN refuses (no algorithm within the workspace cap, an unsupported combination) is
-//! remembered and runs on our own kernels; the reasons are in the device report.
+//! An algorithm cuDNN rejects when it runs (a parameter it turns out not to take) is set aside
+//! for the plan and the next-ranked one runs instead, measured again where it may be. A plan
+//! cuDNN refuses (no algorithm within the workspace cap, every one rejected, an unsupported
+//! combination) is remembered and runs on our own kernels; the reasons are in the device
+//! report. A status saying cuDNN cannot run on this machine at all refuses every plan at once.
 //!
 //! cuDNN 9 is split into sub-libraries that `libcudnn.so.9` opens by name; they are loaded from
 //! the same folder first (by absolute path), so the whole set comes from one place.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::cudnn::{result, sys};
 use redline_tensor::DType;
@@ -27,10 +31,14 @@ use crate::algorithms::{self, AlgorithmCache, Choice};
 use crate::convolution::{ConvPlan, Direction, FilterFormat};
 use crate::gpu::DevicePtr;
 use crate::libs::{self, LibReport};
-use crate::plans::{Declined, PlanCache};
+use crate::plans::{Declined, PlanCache, Verdict};
 
 /// The most workspace one convolution may ask for: algorithms that want more are skipped.
 pub const WORKSPACE_CAP: usize = 1 << 30;
+
+/// The most calls one convolution makes: one per algorithm of the largest direction (each
+/// rejected in turn), and the one that finds none left and refuses the plan.
+pub const MOST_ALGORITHMS: usize = names::FORWARD.len() + 1;
 
 /// cuDNN 9's sub-libraries, in dependency order (each loads after what it links to).
 const PARTS: [&str; 7] = [
@@ -163,7 +171,9 @@ pub struct Cudnn {
     /// Each plan's descriptors, or why cuDNN refused it (then our kernels run it).
     plans: PlanCache<ConvPlan, Prepared>,
     /// Plans whose Find failed (they run the heuristic's choice), with why: for the report.
-    find_failures: std::sync::Mutex<Vec<String>>,
+    find_failures: Mutex<Vec<String>>,
+    /// Algorithms cuDNN rejected when they ran, per plan: never chosen for it again.
+    rejected: Mutex<HashMap<ConvPlan, Vec<Algo>>>,
 }
 
 /// Where measured algorithm choices are kept, when they are measured at all.
@@ -182,13 +192,40 @@ fn status(what: &str, e: impl std::fmt::Debug) -> String {
     format!("cuDNN {what}: {e:?}")
 }
 
-/// Whether a failed call's status says the plan is not for cuDNN — a bad or unsupported
-/// parameter (cuDNN 9's `BAD_PARAM*` and `NOT_SUPPORTED*` families) — rather than that the call
-/// failed (execution, internal, a capture, the device). By name: the codes differ between
-/// cuDNN's versions of the enum.
-fn not_for_cudnn(e: &result::CudnnError) -> bool {
+/// What a failed call's status says, by name (the codes differ between cuDNN's versions of
+/// the enum). cuDNN 9 files statuses that are about the machine — a driver or runtime it does
+/// not take, no kernels for this architecture, a sub-library missing or mismatched — under
+/// `NOT_SUPPORTED` too: they make cuDNN unusable here, not one plan. A stream or graph
+/// mismatch, a null pointer or an unfinalised descriptor are our call's failure. Any other bad
+/// or unsupported parameter is this plan's (cuDNN 9's `BAD_PARAM*` and `NOT_SUPPORTED*`).
+fn verdict(e: &result::CudnnError) -> Verdict {
+    const MACHINE: [&str; 8] = [
+        "_INCOMPATIBLE_CUDA_DRIVER",
+        "_INCOMPATIBLE_CUDART",
+        "_ARCH_MISMATCH",
+        "_RUNTIME_PREREQUISITE_MISSING",
+        "_SUBLIBRARY_",
+        "_VERSION_MISMATCH",
+        "_LICENSE_ERROR",
+        "_NOT_INITIALIZED",
+    ];
+    const CALL: [&str; 5] = [
+        "_STREAM_MISMATCH",
+        "_CUDA_GRAPH_MISMATCH",
+        "_CUDA_GRAPH_NATIVE_API",
+        "_NULL_POINTER",
+        "_NOT_FINALIZED",
+    ];
     let name = format!("{:?}", e.0);
-    name.contains("_BAD_PARAM") || name.contains("_NOT_SUPPORTED")
+    if MACHINE.iter().any(|m| name.contains(m)) {
+        Verdict::Unusable
+    } else if CALL.iter().any(|m| name.contains(m)) {
+        Verdict::Failed
+    } else if name.contains("_BAD_PARAM") || name.contains("_NOT_SUPPORTED") {
+        Verdict::NotForPlan
+    } else {
+        Verdict::Failed
+    }
 }
 
 fn data_type(dtype: DType) -> Option<sys::cudnnDataType_t> {
@@ -222,6 +259,20 @@ fn acceptable(
         && memory <= WORKSPACE_CAP
         && (!deterministic || determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC)
         && (dtype != DType::F32 || math == sys::cudnnMathType_t::CUDNN_FMA_MATH)
+}
+
+/// The best-ranked candidate that is [`acceptable`] and not one cuDNN rejected when it ran.
+fn first_acceptable(
+    ranked: Vec<(Algo, Candidate)>,
+    dtype: DType,
+    deterministic: bool,
+    rejected: &[Algo],
+) -> Option<(Algo, Candidate)> {
+    ranked
+        .into_iter()
+        .find(|&(algo, (s, memory, det, math, _))| {
+            acceptable(dtype, deterministic, s, memory, det, math) && !rejected.contains(&algo)
+        })
 }
 
 impl Cudnn {
@@ -273,6 +324,7 @@ impl Cudnn {
             measured,
             plans: PlanCache::default(),
             find_failures: Default::default(),
+            rejected: Default::default(),
         })
     }
 
@@ -281,10 +333,22 @@ impl Cudnn {
         self.plans.refusals()
     }
 
-    /// How algorithms are chosen, for the device report.
+    /// Whether cuDNN can run here, as far as its calls have said.
+    pub fn usable(&self) -> bool {
+        self.plans.unusable().is_none()
+    }
+
+    /// The algorithms cuDNN rejected for `plan` when they ran.
+    fn rejected_for(&self, plan: &ConvPlan) -> Vec<Algo> {
+        let rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+        rejected.get(plan).cloned().unwrap_or_default()
+    }
+
+    /// How algorithms are chosen, for the device report, with the algorithms cuDNN rejected
+    /// when they ran (the next-ranked ones ran instead).
     pub fn choosing(&self) -> String {
         let failed = self.find_failures.lock().unwrap_or_else(|p| p.into_inner());
-        match (&self.measured, failed.last()) {
+        let mut out = match (&self.measured, failed.last()) {
             (Some(cache), None) => format!("measured by cuDNN's Find: {}", cache.describe()),
             (Some(cache), Some(last)) => format!(
                 "measured by cuDNN's Find: {}; Find failed for {} plan(s), which took the \
@@ -293,7 +357,23 @@ impl Cudnn {
                 failed.len()
             ),
             (None, _) => "cuDNN's heuristic ranking (REDLINE_CUDNN_FIND=0)".into(),
+        };
+        let rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+        let mut set_aside: Vec<String> = rejected
+            .iter()
+            .map(|(plan, algos)| {
+                let names: Vec<String> = algos.iter().map(|a| a.name()).collect();
+                format!("{} for {plan:?}", names.join(" and "))
+            })
+            .collect();
+        if !set_aside.is_empty() {
+            set_aside.sort();
+            out += &format!(
+                "; rejected when run, the next-ranked ran instead: {}",
+                set_aside.join("; ")
+            );
         }
+        out
     }
 
     /// The plan's descriptors and algorithm (made on first use), or why cuDNN refuses it.
@@ -372,9 +452,11 @@ impl Cudnn {
     ) -> Result<(Algo, sys::cudnnMathType_t, usize), String> {
         let key = algorithms::key(plan, self.deterministic);
         let cache = self.measured.as_ref();
+        let rejected = self.rejected_for(plan);
         if let Some(found) = cache
             .and_then(|c| c.get(&key))
             .and_then(|choice| self.cached(plan, p, &choice))
+            .filter(|(algo, _, _)| !rejected.contains(algo))
         {
             return Ok(found);
         }
@@ -383,9 +465,7 @@ impl Cudnn {
         unsafe { result::set_convolution_math_type(p.conv, search_math(plan.dtype)) }
             .map_err(|e| status("math type", e))?;
         let first_acceptable = |ranked: Vec<(Algo, Candidate)>| {
-            ranked.into_iter().find(|&(_, (s, memory, det, math, _))| {
-                acceptable(plan.dtype, self.deterministic, s, memory, det, math)
-            })
+            first_acceptable(ranked, plan.dtype, self.deterministic, &rejected)
         };
         // A search that fails (a symbol missing, memory for its trials) or finds nothing
         // acceptable falls back to the heuristic; the plan still runs, and a failure is
@@ -410,7 +490,12 @@ impl Cudnn {
                 } else {
                     ""
                 };
-                format!("no {kind}algorithm within {} MiB", WORKSPACE_CAP >> 20)
+                let mut why = format!("no {kind}algorithm within {} MiB", WORKSPACE_CAP >> 20);
+                if !rejected.is_empty() {
+                    let names: Vec<String> = rejected.iter().map(|a| a.name()).collect();
+                    why += &format!(" but those rejected when run ({})", names.join(", "));
+                }
+                why
             })?,
         };
         let (algo, (_, memory, _, math, millis)) = found;
@@ -480,7 +565,14 @@ impl Cudnn {
                     })?,
                     false => $get($($arg,)* $n, &mut count, perf.as_mut_ptr()),
                 };
-                asked.map_err(|e| status($what, e))?;
+                asked.map_err(|e| {
+                    let why = status($what, e);
+                    // Every plan would fail alike: refuse them all, once.
+                    if verdict(&e) == Verdict::Unusable {
+                        self.plans.disable(why.clone());
+                    }
+                    why
+                })?;
                 perf[..count.clamp(0, $n) as usize]
                     .iter()
                     .map(|r| ($algo(r.algo), (r.status, r.memory, r.determinism, r.mathType, r.time)))
@@ -516,18 +608,24 @@ impl Cudnn {
     }
 
     /// Enqueues the plan with cuDNN's `x`, `w` and `y` at `[x, w, y]` (first elements) and a
-    /// workspace of at least [`Cudnn::workspace_for`] bytes. A call cuDNN rejects as not for it
-    /// refuses the plan from then on, unless a capture runs (`capturing`); any other failure is
-    /// [`Declined::Failed`] (nothing was enqueued either way).
+    /// workspace of at least [`Cudnn::workspace_for`] bytes. Outside a capture (`capturing`), a
+    /// call cuDNN rejects as not for the plan sets its algorithm aside and asks for the call
+    /// again ([`Declined::Retry`]: the plan has the next-ranked algorithm, or none and is
+    /// refused), and a status saying cuDNN cannot run here refuses every plan; any other
+    /// failure is [`Declined::Failed`]. Nothing was enqueued either way.
     pub fn run(
         &self,
         plan: &ConvPlan,
         [x, w, y]: [DevicePtr; 3],
-        workspace: DevicePtr,
+        (workspace, workspace_bytes): (DevicePtr, usize),
         capturing: bool,
     ) -> Result<(), Declined> {
         // Prepared by `workspace_for` already (an error here: refused before); never measured.
         let p = self.prepared(plan, false).map_err(|_| Declined::Refused)?;
+        // Another thread set the algorithm aside since: its successor may want more workspace.
+        if p.workspace > workspace_bytes {
+            return Err(Declined::Retry);
+        }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (one, zero) = (
             (&alpha as *const f32).cast::<c_void>(),
@@ -552,7 +650,18 @@ impl Cudnn {
         };
         enqueued.map_err(|e| {
             let why = status(&format!("{:?}", plan.direction), e);
-            self.plans.decline(plan, why, not_for_cudnn(&e), capturing)
+            match (verdict(&e), capturing) {
+                (Verdict::NotForPlan, false) => {
+                    let mut rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+                    let set_aside = rejected.entry(*plan).or_default();
+                    if !set_aside.contains(&p.algo) {
+                        set_aside.push(p.algo);
+                    }
+                    self.plans.forget(plan);
+                    Declined::Retry
+                }
+                (v, _) => self.plans.decline(plan, why, v, capturing),
+            }
         })
     }
 }
@@ -571,13 +680,77 @@ mod tests {
     use sys::{cudnnDeterminism_t as Det, cudnnMathType_t as Math, cudnnStatus_t as Status};
 
     #[test]
-    fn bad_or_unsupported_parameters_refuse_a_plan_and_other_failures_do_not() {
-        let not_for_it = |s| not_for_cudnn(&result::CudnnError(s));
-        assert!(not_for_it(Status::CUDNN_STATUS_BAD_PARAM));
-        assert!(not_for_it(Status::CUDNN_STATUS_NOT_SUPPORTED));
-        assert!(!not_for_it(Status::CUDNN_STATUS_EXECUTION_FAILED));
-        assert!(!not_for_it(Status::CUDNN_STATUS_INTERNAL_ERROR));
-        assert!(!not_for_it(Status::CUDNN_STATUS_NOT_INITIALIZED));
+    fn statuses_about_the_plan_the_machine_and_the_call_are_told_apart() {
+        let of = |s| verdict(&result::CudnnError(s));
+        for s in [
+            Status::CUDNN_STATUS_BAD_PARAM,
+            Status::CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+            Status::CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH,
+            Status::CUDNN_STATUS_NOT_SUPPORTED,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_SHAPE,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_LAYOUT,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_PADDING,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT,
+        ] {
+            assert_eq!(of(s), Verdict::NotForPlan, "{s:?}");
+        }
+        for s in [
+            Status::CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE,
+            Status::CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED,
+            Status::CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH,
+            Status::CUDNN_STATUS_LICENSE_ERROR,
+            Status::CUDNN_STATUS_NOT_INITIALIZED,
+        ] {
+            assert_eq!(of(s), Verdict::Unusable, "{s:?}");
+        }
+        for s in [
+            Status::CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH,
+            Status::CUDNN_STATUS_BAD_PARAM_CUDA_GRAPH_MISMATCH,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API,
+            Status::CUDNN_STATUS_BAD_PARAM_NULL_POINTER,
+            Status::CUDNN_STATUS_EXECUTION_FAILED,
+            Status::CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER,
+            Status::CUDNN_STATUS_INTERNAL_ERROR,
+            Status::CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED,
+            Status::CUDNN_STATUS_RUNTIME_FP_OVERFLOW,
+        ] {
+            assert_eq!(of(s), Verdict::Failed, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn the_next_ranked_acceptable_algorithm_stands_in_for_one_rejected_when_run() {
+        use sys::cudnnConvolutionFwdAlgo_t as F;
+        let (ok, nondet) = (Status::CUDNN_STATUS_SUCCESS, Det::CUDNN_NON_DETERMINISTIC);
+        let tensor = Math::CUDNN_TENSOR_OP_MATH;
+        let candidate =
+            |a, status, memory| (Algo::Forward(a), (status, memory, nondet, tensor, 0.5));
+        let ranked = vec![
+            candidate(F::CUDNN_CONVOLUTION_FWD_ALGO_FFT, ok, 0),
+            candidate(
+                F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+                Status::CUDNN_STATUS_NOT_SUPPORTED,
+                0,
+            ),
+            candidate(F::CUDNN_CONVOLUTION_FWD_ALGO_GEMM, ok, WORKSPACE_CAP + 1),
+            candidate(F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, ok, 64),
+            candidate(F::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT, ok, 0),
+        ];
+        let pick = |rejected: &[Algo]| {
+            first_acceptable(ranked.clone(), DType::BF16, false, rejected).map(|(a, _)| a)
+        };
+        let fft = Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_FFT);
+        let implicit = Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+        let direct = Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT);
+        assert_eq!(pick(&[]), Some(fft));
+        // The failed and oversized candidates are passed over, not only the rejected one.
+        assert_eq!(pick(&[fft]), Some(implicit));
+        assert_eq!(pick(&[implicit, fft]), Some(direct));
+        assert_eq!(pick(&[fft, implicit, direct]), None);
     }
 
     #[test]

@@ -24,13 +24,13 @@ use redline_tensor::{Download, HostBytes, Result, TensorError};
 use crate::compile;
 use crate::convolution::ConvPlan;
 use crate::cublaslt::{self, CublasLt};
-use crate::cudnn::{Choosing, Cudnn};
+use crate::cudnn::{self, Choosing, Cudnn};
 use crate::gemm::GemmPlan;
 use crate::gpu::{Captured, CudaGraph, DevicePtr, Gpu, GpuEvent, KernelArgs, LaunchShape, Library};
 use crate::kernels;
 use crate::libs::{self, LibError, LibReport};
 use crate::nvrtc::Nvrtc;
-use crate::plans::Declined;
+use crate::plans::{self, Declined};
 use crate::stream::{Clock, InFlight, PinnedAllocator, Staging};
 
 /// Why there is no CUDA device here: an ordinary answer, never a panic.
@@ -584,8 +584,9 @@ impl Gpu for CudaDriver {
             .gemm(plan, operands, blas.workspace, stream, capturing)
         {
             Ok(()) => {}
-            // Our kernel runs a plan cuBLASLt does not take (the refusal is in the report).
-            Err(Declined::Refused) => return Ok(false),
+            // Our kernel runs a plan cuBLASLt does not take (the refusal is in the report); it
+            // never asks for a retry, which would enqueue nothing either.
+            Err(Declined::Refused | Declined::Retry) => return Ok(false),
             Err(Declined::Failed(why)) => return Err(self.error("cuBLASLt matmul", why)),
         }
         self.after("cuBLASLt matmul")?;
@@ -601,28 +602,34 @@ impl Gpu for CudaDriver {
         // A plan cuDNN refuses runs on our kernels (the refusal is kept for the report).
         // Find allocates and synchronises: never while a graph is captured.
         let capturing = self.capturing.load(Ordering::Acquire);
-        let Ok(needed) = dnn.workspace_for(plan, !capturing) else {
-            return Ok(false);
-        };
-        let mut workspace = self.dnn_workspace.lock().unwrap_or_else(|p| p.into_inner());
-        if workspace.1 < needed {
-            // The old block is retired, never freed: a captured graph may hold its address.
-            if workspace.1 > 0 {
-                self.retired
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(workspace.0);
+        // An algorithm cuDNN rejects when run is set aside and the call made again with the
+        // next-ranked one (and the workspace it needs): at most one try per algorithm.
+        let ran = plans::retrying(cudnn::MOST_ALGORITHMS, || {
+            let needed = dnn
+                .workspace_for(plan, !capturing)
+                .map_err(|_| Declined::Refused)?;
+            let mut workspace = self.dnn_workspace.lock().unwrap_or_else(|p| p.into_inner());
+            if workspace.1 < needed {
+                // The old block is retired, never freed: a captured graph may hold its address.
+                if workspace.1 > 0 {
+                    self.retired
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(workspace.0);
+                }
+                *workspace = (DevicePtr(0), 0);
+                let grown = needed.next_power_of_two();
+                let block = self
+                    .alloc(grown)
+                    .map_err(|e| Declined::Failed(format!("its workspace: {e}")))?;
+                *workspace = (block, grown);
             }
-            *workspace = (DevicePtr(0), 0);
-            let grown = needed.next_power_of_two();
-            *workspace = (self.alloc(grown)?, grown);
-        }
-        let ran = dnn.run(plan, operands, workspace.0, capturing);
-        drop(workspace);
+            dnn.run(plan, operands, *workspace, capturing)
+        });
         match ran {
             Ok(()) => {}
-            // A call cuDNN rejects as not for it enqueued nothing: our kernels run it.
-            Err(Declined::Refused) => return Ok(false),
+            // A plan cuDNN refuses enqueued nothing: our kernels run it.
+            Err(Declined::Refused | Declined::Retry) => return Ok(false),
             Err(Declined::Failed(why)) => return Err(self.error("cuDNN convolution", why)),
         }
         self.after("cuDNN convolution")?;
@@ -630,7 +637,7 @@ impl Gpu for CudaDriver {
     }
 
     fn pads_stem_channels(&self) -> bool {
-        !self.options.stem_unpadded && self.dnn().is_ok()
+        !self.options.stem_unpadded && self.dnn().is_ok_and(Cudnn::usable)
     }
 
     fn libraries(&self) -> Vec<Library> {
