@@ -127,6 +127,12 @@ const MUTATIONS: &[Mutation] = &[
         original: "return at + (i64)j * s.stride[0];\n    }",
         mutated: "return at;\n    }",
     },
+    Mutation {
+        name: "stem padding leaving its zero channels unwritten",
+        file: "conv.cu",
+        original: "for (i64 c = 0; c < to_c; c++)",
+        mutated: "for (i64 c = 0; c < (from_c < to_c ? from_c : to_c); c++)",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

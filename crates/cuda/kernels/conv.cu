@@ -87,3 +87,22 @@ __global__ void conv2d_weight_grad(const T *__restrict__ x, Strided xs, const T 
         out[position(ws, i)] = Num<T>::store(acc);
     }
 }
+
+/// A stem's channel padding in one pass: `x`, dense `[outer, from_c, inner]`, into `out`, dense
+/// `[outer, to_c, inner]` (NCHW: outer = N, inner = H·W; channels-last: outer = N·H·W, inner
+/// = 1), zeros in the channels past `from_c` and x's channels past `to_c` dropped — the padded
+/// input and weight, and the weight gradient cut back. One thread per (outer, inner) position
+/// writes its `to_c` channels, so every element is written once and a channels-last thread
+/// reads and writes one pixel's run.
+template <class T>
+__global__ void copy_channels(const T *__restrict__ x, T *__restrict__ out, i64 outer, i64 from_c, i64 to_c,
+                              i64 inner) {
+    const i64 n = outer * inner;
+    const T zero = From<T>::f(0.0);
+    for (i64 t = first_index(); t < n; t += grid_step()) {
+        const i64 o = inner == 1 ? t : t / inner, j = inner == 1 ? 0 : t % inner;
+        const T *from = x + o * from_c * inner + j;
+        T *to = out + o * to_c * inner + j;
+        for (i64 c = 0; c < to_c; c++) to[c * inner] = c < from_c ? from[c * inner] : zero;
+    }
+}

@@ -202,7 +202,8 @@ pub fn matmul(dtype: DType) -> String {
     format!("matmul<{}>", ctype(dtype))
 }
 
-/// Convolution kernels: `conv2d`, `conv2d_input_grad`, `conv2d_weight_grad`.
+/// Convolution kernels: `conv2d`, `conv2d_input_grad`, `conv2d_weight_grad`, and the stem's
+/// `copy_channels`.
 pub fn conv(kernel: &str, dtype: DType) -> String {
     format!("{kernel}<{}>", ctype(dtype))
 }
@@ -312,7 +313,12 @@ pub fn families() -> Vec<Family> {
     optimizers.extend(["count_step".to_string(), "scaler_update".to_string()]);
     let convs: Vec<String> = floats
         .iter()
-        .flat_map(|&d| CONV_KERNELS.iter().map(move |k| conv(k, d)))
+        .flat_map(|&d| {
+            CONV_KERNELS
+                .iter()
+                .chain(["copy_channels"].iter())
+                .map(move |k| conv(k, d))
+        })
         .collect();
     vec![
         family(

@@ -199,7 +199,7 @@ impl CudaBackend {
     /// `x` copied into a fresh storage laid out as `wider` (more channels), zeros beyond its own.
     fn padded(&self, x: &ops::elementwise::Operand<'_>, wider: &Layout) -> Result<Storage> {
         let storage = self.alloc_for(x.dtype, wider)?;
-        ops::conv::pad_channels(&*self.gpu, x, &self.output(&storage, wider)?)?;
+        ops::conv::copy_channels(&*self.gpu, x, &self.output(&storage, wider)?)?;
         Ok(storage)
     }
 
@@ -683,7 +683,7 @@ impl Backend for CudaBackend {
             self.output(&wide, &pad.weight)?,
         );
         ops::conv::weight_grad(gpu, &xpo, &go, p, &wide_out)?;
-        ops::conv::unpad_channels(gpu, &wide_out, &yo)?;
+        ops::conv::copy_channels(gpu, &wide_out, &yo)?;
         Ok(y)
     }
 

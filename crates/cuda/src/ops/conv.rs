@@ -1,12 +1,12 @@
 //! 2-d convolution and its input and weight gradients: cuDNN through [`Gpu::conv`] where the
 //! GPU has it and it takes the layouts, else the direct kernels of `kernels/conv.cu`.
 
-use redline_tensor::{Conv2dParams, DType, Layout, Result};
+use redline_tensor::{Conv2dParams, DType, Layout, Result, TensorError};
 
 use crate::convolution::{ConvPlan, Direction};
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, Strided};
 use crate::kernels;
-use crate::ops::elementwise::{self, Operand};
+use crate::ops::elementwise::Operand;
 use crate::ops::linear_shape;
 
 /// Input channels a padded stem has: 4 × 2 bytes, the alignment cuDNN's tensor-core kernels
@@ -65,26 +65,45 @@ fn in_order(l: &Layout, channels_last: bool) -> bool {
     dense.is_ok_and(|d| l.strides_match(&d))
 }
 
-/// `from` (C channels) copied into the first C channels of the zeroed, wider `to`.
-pub fn pad_channels(gpu: &dyn Gpu, from: &Operand, to: &Operand) -> Result<()> {
-    let extent = to.layout.storage_extent().max(to.layout.numel());
-    elementwise::fill(gpu, to.dtype, to.ptr, extent, 0.0)?;
-    let first = to.layout.narrow(1, 0, from.layout.shape()[1])?;
-    let view = Operand {
-        layout: &first,
-        ..*to
+/// `from`'s channels copied into `to`, of `from`'s shape but another channel count and dense
+/// in the same order (NCHW or channels-last, as a [`ChannelPad`]'s are): zeros in the channels
+/// past `from`'s, `from`'s past `to`'s dropped. One launch that writes each element once — the
+/// padded input and weight, and the padded weight's gradient cut back to the weight's channels.
+pub fn copy_channels(gpu: &dyn Gpu, from: &Operand, to: &Operand) -> Result<()> {
+    let (fs, ts) = (from.layout.shape(), to.layout.shape());
+    let same_else = fs.len() == 4 && ts.len() == 4 && [0, 2, 3].iter().all(|&d| fs[d] == ts[d]);
+    let order = [true, false]
+        .into_iter()
+        .find(|&last| in_order(from.layout, last) && in_order(to.layout, last));
+    let (Some(channels_last), true, true) = (order, same_else, from.dtype == to.dtype) else {
+        return Err(TensorError::Device(format!(
+            "{}: copy_channels takes two dense 4-d tensors of one dtype in one order that differ \
+             only in channels, not {:?} {from_layout:?} and {:?} {to_layout:?}",
+            gpu.name(),
+            from.dtype,
+            to.dtype,
+            from_layout = from.layout,
+            to_layout = to.layout,
+        )));
     };
-    elementwise::convert(gpu, from, &view)
-}
-
-/// The first C channels of the wider `from` copied into `to` (C channels).
-pub fn unpad_channels(gpu: &dyn Gpu, from: &Operand, to: &Operand) -> Result<()> {
-    let first = from.layout.narrow(1, 0, to.layout.shape()[1])?;
-    let view = Operand {
-        layout: &first,
-        ..*from
+    let [n, _, h, w] = [ts[0], ts[1], ts[2], ts[3]];
+    let (outer, inner) = match channels_last {
+        true => (n * h * w, 1),
+        false => (n, h * w),
     };
-    elementwise::convert(gpu, &view, to)
+    if outer * inner == 0 {
+        return Ok(());
+    }
+    let size = from.dtype.size();
+    let args = KernelArgs::new()
+        .ptr(from.ptr.offset(from.layout.offset() * size))
+        .ptr(to.ptr.offset(to.layout.offset() * size))
+        .i64(outer as i64)
+        .i64(fs[1] as i64)
+        .i64(ts[1] as i64)
+        .i64(inner as i64);
+    let name = kernels::conv("copy_channels", from.dtype);
+    gpu.launch(&name, linear_shape(outer * inner), &args)
 }
 
 /// The kernels' `ConvGeometry`: stride, padding, dilation and groups as seven i64.
@@ -246,5 +265,80 @@ mod tests {
             none(&pads, DType::BF16, &x, &odd_w, &p),
             "a weight in neither order"
         );
+    }
+
+    /// Padding and cutting back channels in both orders writes every element of `to` — the
+    /// emulator's fresh memory is NaN — with `from`'s value or zero, read at a view's offset.
+    #[test]
+    fn channels_are_copied_padded_with_zeros_or_cut_in_either_order() {
+        let gpu = Emulator::new().unwrap();
+        let shape = |c: usize| [2, c, 3, 5];
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        for channels_last in [true, false] {
+            let dense = |c: usize, offset: usize| {
+                let l = match channels_last {
+                    true => Layout::channels_last(&shape(c)).unwrap(),
+                    false => Layout::contiguous(&shape(c)),
+                };
+                Layout::new(l.shape().to_vec(), l.strides().to_vec(), offset)
+            };
+            for (from_c, to_c) in [(3, 4), (4, 3), (3, 8)] {
+                let (from, to) = (dense(from_c, 7), dense(to_c, 0));
+                let values: Vec<f32> = (0..7 + from.numel()).map(|i| i as f32 + 0.5).collect();
+                let src = gpu.alloc(values.len() * 4).unwrap();
+                gpu.upload(src, &f32s(&values)).unwrap();
+                let dst = gpu.alloc(to.numel() * 4).unwrap();
+                let operand = |ptr, layout| Operand {
+                    ptr,
+                    dtype: DType::F32,
+                    layout,
+                };
+                copy_channels(&gpu, &operand(src, &from), &operand(dst, &to)).unwrap();
+                let mut bytes = vec![0u8; to.numel() * 4];
+                gpu.download(dst, &mut bytes).unwrap();
+                let got: Vec<f32> = bytes
+                    .chunks(4)
+                    .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                let at = |l: &Layout, i: &[usize]| {
+                    l.offset() + i.iter().zip(l.strides()).map(|(a, s)| a * s).sum::<usize>()
+                };
+                for k in 0..to.numel() {
+                    let [_, c, h, w] = shape(to_c);
+                    let i = [k / (c * h * w), k / (h * w) % c, k / w % h, k % w];
+                    let want = match i[1] < from_c {
+                        true => values[at(&from, &i)],
+                        false => 0.0,
+                    };
+                    assert_eq!(
+                        got[at(&to, &i)],
+                        want,
+                        "{from_c} → {to_c} channels, channels-last {channels_last}, at {i:?}"
+                    );
+                }
+            }
+        }
+        // Shapes that differ past the channels, or layouts in two orders, are refused by name.
+        let ptr = gpu.alloc(4096).unwrap();
+        let nchw = Layout::contiguous(&[2, 3, 4, 4]);
+        for to in [
+            Layout::contiguous(&[2, 4, 4, 5]),
+            Layout::channels_last(&[2, 4, 4, 4]).unwrap(),
+        ] {
+            let (a, b) = (
+                Operand {
+                    ptr,
+                    dtype: DType::F32,
+                    layout: &nchw,
+                },
+                Operand {
+                    ptr,
+                    dtype: DType::F32,
+                    layout: &to,
+                },
+            );
+            let err = copy_channels(&gpu, &a, &b).unwrap_err().to_string();
+            assert!(err.contains("copy_channels takes"), "{err}");
+        }
     }
 }
