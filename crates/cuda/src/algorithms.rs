@@ -4,10 +4,12 @@
 //! the search (PyTorch's `cudnn.benchmark` searches again in every process).
 //!
 //! The file is one line per plan: the plan's key, the algorithm and math type by cuDNN's names,
-//! the workspace in bytes and the measured milliseconds, separated by tabs. Lines are appended
-//! with one write each, so ranks sharing the file interleave whole lines; a line that does not
-//! read (a torn write, an edit) is skipped and counted, and that plan is measured again. The
-//! cache is an optimisation only: a file that cannot be read or written costs a search.
+//! the workspace in bytes and the measured milliseconds, separated by tabs; a later line for a
+//! key replaces an earlier one, and a key with `-` alone drops it (cuDNN rejected that choice
+//! when it ran: measure again). Lines are appended with one write each, so ranks sharing the
+//! file interleave whole lines; a line that does not read (a torn write, an edit) is skipped
+//! and counted, and that plan is measured again. The cache is an optimisation only: a file that
+//! cannot be read or written costs a search.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -87,8 +89,11 @@ impl AlgorithmCache {
                 Ok(text) => {
                     for line in text.lines().filter(|l| !l.starts_with('#')) {
                         match parse(line) {
-                            Some((k, c)) => {
+                            Some((k, Some(c))) => {
                                 entries.insert(k, c);
+                            }
+                            Some((k, None)) => {
+                                entries.remove(&k);
                             }
                             None => skipped += 1,
                         }
@@ -122,10 +127,26 @@ impl AlgorithmCache {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, choice);
+        self.append(&line);
+    }
+
+    /// Drops the choice for `key`, here and in the file (a line with `-`): cuDNN rejected it
+    /// when it ran, so the next run measures the plan again.
+    pub fn forget(&self, key: String) {
+        let line = format!("{key}\t-\n");
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        self.append(&line);
+    }
+
+    /// Appends `line` to the file, unless it is not written (see [`AlgorithmCache::describe`]).
+    fn append(&self, line: &str) {
         let Some(path) = &self.path else { return };
         let mut read_only = self.read_only.lock().unwrap_or_else(|p| p.into_inner());
         if read_only.is_none() {
-            if let Err(e) = append(path, &line) {
+            if let Err(e) = append(path, line) {
                 *read_only = Some(format!("writing {}: {e}", path.display()));
             }
         }
@@ -159,12 +180,16 @@ impl AlgorithmCache {
     }
 }
 
-fn parse(line: &str) -> Option<(String, Choice)> {
+/// A line's key and choice, `None` for a dropped key; `None` altogether if it does not read.
+fn parse(line: &str) -> Option<(String, Option<Choice>)> {
+    let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_graphic());
+    if let Some(key) = line.strip_suffix("\t-") {
+        return plain(key).then(|| (key.into(), None));
+    }
     let mut fields = line.split('\t');
     let (key, algorithm, math) = (fields.next()?, fields.next()?, fields.next()?);
     let workspace = fields.next()?.parse().ok()?;
     let millis: f32 = fields.next()?.parse().ok()?;
-    let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_graphic());
     if fields.next().is_some() || !plain(key) || !plain(algorithm) || !plain(math) {
         return None;
     }
@@ -177,7 +202,7 @@ fn parse(line: &str) -> Option<(String, Choice)> {
         workspace,
         millis,
     };
-    Some((key.into(), choice))
+    Some((key.into(), Some(choice)))
 }
 
 /// Appends `line` in one write, writing the header first into a new file.
@@ -310,6 +335,30 @@ mod tests {
         // A plan measured again is appended and read back next time.
         cache.insert("k2".into(), choice("ALGO", 2.0));
         assert_eq!(AlgorithmCache::open(Some(path)).len(), 2);
+    }
+
+    #[test]
+    fn a_forgotten_choice_is_gone_after_a_reopen_until_measured_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.algos");
+        let cache = AlgorithmCache::open(Some(path.clone()));
+        cache.insert("a".into(), choice("FFT", 0.5));
+        cache.insert("b".into(), choice("GEMM", 0.7));
+        cache.forget("a".into());
+        assert!(cache.get("a").is_none());
+        let reopened = AlgorithmCache::open(Some(path.clone()));
+        assert!(reopened.get("a").is_none());
+        assert_eq!(reopened.get("b"), Some(choice("GEMM", 0.7)));
+        assert!(
+            !reopened.describe().contains("unreadable"),
+            "{}",
+            reopened.describe()
+        );
+        // Measured again: the later line holds.
+        reopened.insert("a".into(), choice("IMPLICIT_GEMM", 0.6));
+        let again = AlgorithmCache::open(Some(path));
+        assert_eq!(again.get("a"), Some(choice("IMPLICIT_GEMM", 0.6)));
+        assert_eq!(again.len(), 2);
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! use tensor cores and accumulate in f32. Deterministic mode (`REDLINE_CUDA_DETERMINISTIC=1`,
 //! as `torch.backends.cudnn.deterministic`) takes only algorithms cuDNN marks deterministic.
 //! An algorithm cuDNN rejects when it runs (a parameter it turns out not to take) is set aside
-//! for the plan and the next-ranked one runs instead, measured again where it may be. A plan
+//! for the plan and the next one of the same ranking runs instead (no second search, but for a
+//! choice read from the disk cache, which is dropped there and measured afresh). A plan
 //! cuDNN refuses (no algorithm within the workspace cap, every one rejected, an unsupported
 //! combination) is remembered and runs on our own kernels; the reasons are in the device
 //! report. A status saying cuDNN cannot run on this machine at all refuses every plan at once.
@@ -143,6 +144,25 @@ struct Prepared {
     conv: sys::cudnnConvolutionDescriptor_t,
     algo: Algo,
     workspace: usize,
+    /// The ranking the algorithm came from (none for a choice read from the disk cache): if
+    /// cuDNN rejects it when run, the next is taken from here, with no second search.
+    ranking: Option<Ranking>,
+}
+
+/// cuDNN's candidates for a plan, best first, and whether Find measured them (else they are
+/// the heuristic's, unmeasured).
+#[derive(Clone, Debug)]
+struct Ranking {
+    candidates: Vec<(Algo, Candidate)>,
+    measured: bool,
+}
+
+/// What cuDNN's rejections when run left for one plan: the algorithms set aside, and the
+/// ranking the last one came from.
+#[derive(Clone, Debug, Default)]
+struct Setback {
+    rejected: Vec<Algo>,
+    ranking: Option<Ranking>,
 }
 
 // SAFETY: descriptors are host objects, never changed after `prepare`.
@@ -173,7 +193,7 @@ pub struct Cudnn {
     /// Plans whose Find failed (they run the heuristic's choice), with why: for the report.
     find_failures: Mutex<Vec<String>>,
     /// Algorithms cuDNN rejected when they ran, per plan: never chosen for it again.
-    rejected: Mutex<HashMap<ConvPlan, Vec<Algo>>>,
+    setbacks: Mutex<HashMap<ConvPlan, Setback>>,
 }
 
 /// Where measured algorithm choices are kept, when they are measured at all.
@@ -193,35 +213,47 @@ fn status(what: &str, e: impl std::fmt::Debug) -> String {
 }
 
 /// What a failed call's status says, by name (the codes differ between cuDNN's versions of
-/// the enum). cuDNN 9 files statuses that are about the machine — a driver or runtime it does
-/// not take, no kernels for this architecture, a sub-library missing or mismatched — under
-/// `NOT_SUPPORTED` too: they make cuDNN unusable here, not one plan. A stream or graph
-/// mismatch, a null pointer or an unfinalised descriptor are our call's failure. Any other bad
-/// or unsupported parameter is this plan's (cuDNN 9's `BAD_PARAM*` and `NOT_SUPPORTED*`).
+/// the enum):
+/// - cuDNN cannot run here at all: a driver or runtime it does not take, a sub-library of
+///   another version, not initialised or licensed — every plan would fail alike;
+/// - our call failed: a stream or graph mismatch, a null pointer, an unfinalised descriptor, a
+///   serialised plan of another version, execution, memory and internal errors;
+/// - any other bad or unsupported parameter (cuDNN 9's `BAD_PARAM*`, `INVALID_VALUE` and
+///   `NOT_SUPPORTED*`) is the plan's or its algorithm's, and so is a missing runtime
+///   prerequisite or sub-library, an architecture without the feature, or a runtime-compiled
+///   engine that failed to compile: those hold for some engines (the runtime-compiled ones
+///   need NVRTC, a type may need a newer GPU), so the next-ranked algorithm may well run.
 fn verdict(e: &result::CudnnError) -> Verdict {
-    const MACHINE: [&str; 8] = [
-        "_INCOMPATIBLE_CUDA_DRIVER",
-        "_INCOMPATIBLE_CUDART",
-        "_ARCH_MISMATCH",
-        "_RUNTIME_PREREQUISITE_MISSING",
-        "_SUBLIBRARY_",
-        "_VERSION_MISMATCH",
-        "_LICENSE_ERROR",
-        "_NOT_INITIALIZED",
+    const MACHINE: [&str; 6] = [
+        "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER",
+        "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART",
+        "CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH",
+        "CUDNN_STATUS_VERSION_MISMATCH",
+        "CUDNN_STATUS_NOT_INITIALIZED",
+        "CUDNN_STATUS_LICENSE_ERROR",
     ];
-    const CALL: [&str; 5] = [
-        "_STREAM_MISMATCH",
-        "_CUDA_GRAPH_MISMATCH",
-        "_CUDA_GRAPH_NATIVE_API",
-        "_NULL_POINTER",
-        "_NOT_FINALIZED",
+    const CALL: [&str; 6] = [
+        "CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH",
+        "CUDNN_STATUS_BAD_PARAM_CUDA_GRAPH_MISMATCH",
+        "CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API",
+        "CUDNN_STATUS_BAD_PARAM_NULL_POINTER",
+        "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED",
+        "CUDNN_STATUS_SERIALIZATION_VERSION_MISMATCH",
+    ];
+    const PLAN: [&str; 5] = [
+        "CUDNN_STATUS_INVALID_VALUE",
+        "CUDNN_STATUS_ARCH_MISMATCH",
+        "CUDNN_STATUS_RUNTIME_PREREQUISITE_MISSING",
+        "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED",
+        "CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED",
     ];
     let name = format!("{:?}", e.0);
-    if MACHINE.iter().any(|m| name.contains(m)) {
+    let named = |names: &[&str]| names.contains(&name.as_str());
+    if named(&MACHINE) {
         Verdict::Unusable
-    } else if CALL.iter().any(|m| name.contains(m)) {
+    } else if named(&CALL) {
         Verdict::Failed
-    } else if name.contains("_BAD_PARAM") || name.contains("_NOT_SUPPORTED") {
+    } else if named(&PLAN) || name.contains("_BAD_PARAM") || name.contains("_NOT_SUPPORTED") {
         Verdict::NotForPlan
     } else {
         Verdict::Failed
@@ -275,6 +307,24 @@ fn first_acceptable(
         })
 }
 
+/// The next choice for a plan: the first acceptable candidate (`accept`) of `first` (a
+/// rejection's leftover ranking, or Find's), else of the heuristic's ranking — asked only then
+/// — with the ranking it came from; `None` when neither has one.
+#[allow(clippy::type_complexity)]
+fn next_choice(
+    first: Option<Ranking>,
+    heuristic: impl FnOnce() -> Result<Ranking, String>,
+    accept: impl Fn(&Ranking) -> Option<(Algo, Candidate)>,
+) -> Result<Option<((Algo, Candidate), Ranking)>, String> {
+    if let Some(r) = first {
+        if let Some(found) = accept(&r) {
+            return Ok(Some((found, r)));
+        }
+    }
+    let r = heuristic()?;
+    Ok(accept(&r).map(|found| (found, r)))
+}
+
 impl Cudnn {
     /// Finds and loads cuDNN 9 (with its sub-libraries) and makes a handle on `stream` (the
     /// driver's context must be current). An error is an ordinary answer: our kernels run.
@@ -324,7 +374,7 @@ impl Cudnn {
             measured,
             plans: PlanCache::default(),
             find_failures: Default::default(),
-            rejected: Default::default(),
+            setbacks: Default::default(),
         })
     }
 
@@ -338,16 +388,25 @@ impl Cudnn {
         self.plans.unusable().is_none()
     }
 
-    /// The algorithms cuDNN rejected for `plan` when they ran.
-    fn rejected_for(&self, plan: &ConvPlan) -> Vec<Algo> {
-        let rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
-        rejected.get(plan).cloned().unwrap_or_default()
+    /// What cuDNN's rejections when run left for `plan` (nothing, mostly).
+    fn setback(&self, plan: &ConvPlan) -> Setback {
+        let setbacks = self.setbacks.lock().unwrap_or_else(|p| p.into_inner());
+        setbacks.get(plan).cloned().unwrap_or_default()
+    }
+
+    /// Refuses `plan` for good: cuDNN kept rejecting it past the driver's patience.
+    pub fn give_up(&self, plan: &ConvPlan, why: String) {
+        self.plans.refuse(plan, why);
     }
 
     /// How algorithms are chosen, for the device report, with the algorithms cuDNN rejected
     /// when they ran (the next-ranked ones ran instead).
     pub fn choosing(&self) -> String {
-        let failed = self.find_failures.lock().unwrap_or_else(|p| p.into_inner());
+        let failed = self
+            .find_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let mut out = match (&self.measured, failed.last()) {
             (Some(cache), None) => format!("measured by cuDNN's Find: {}", cache.describe()),
             (Some(cache), Some(last)) => format!(
@@ -358,11 +417,11 @@ impl Cudnn {
             ),
             (None, _) => "cuDNN's heuristic ranking (REDLINE_CUDNN_FIND=0)".into(),
         };
-        let rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
-        let mut set_aside: Vec<String> = rejected
+        let setbacks = self.setbacks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut set_aside: Vec<String> = setbacks
             .iter()
-            .map(|(plan, algos)| {
-                let names: Vec<String> = algos.iter().map(|a| a.name()).collect();
+            .map(|(plan, setback)| {
+                let names: Vec<String> = setback.rejected.iter().map(|a| a.name()).collect();
                 format!("{} for {plan:?}", names.join(" and "))
             })
             .collect();
@@ -432,59 +491,77 @@ impl Cudnn {
                 sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
             ),
             workspace: 0,
+            ranking: None,
         };
-        let (algo, math, workspace) = self.choose(plan, &prepared, may_measure)?;
+        let (algo, math, workspace, ranking) = self.choose(plan, &prepared, may_measure)?;
         // SAFETY: the descriptor made above; the math type cuDNN reported for the algorithm.
         unsafe { result::set_convolution_math_type(conv, math) }
             .map_err(|e| status("math type", e))?;
         prepared.algo = algo;
         prepared.workspace = workspace;
+        prepared.ranking = ranking;
         Ok(prepared)
     }
 
-    /// The plan's algorithm, math type and workspace: cached, else measured (cuDNN's Find)
-    /// and cached, else cuDNN's heuristic ranking; the first acceptable candidate.
+    /// The plan's algorithm, math type and workspace, and the ranking it came from: cached,
+    /// else the next in the ranking a rejection when run left, else measured (cuDNN's Find)
+    /// and cached, else cuDNN's heuristic ranking; the first acceptable candidate not rejected.
+    #[allow(clippy::type_complexity)]
     fn choose(
         &self,
         plan: &ConvPlan,
         p: &Prepared,
         may_measure: bool,
-    ) -> Result<(Algo, sys::cudnnMathType_t, usize), String> {
+    ) -> Result<(Algo, sys::cudnnMathType_t, usize, Option<Ranking>), String> {
         let key = algorithms::key(plan, self.deterministic);
         let cache = self.measured.as_ref();
-        let rejected = self.rejected_for(plan);
-        if let Some(found) = cache
+        let setback = self.setback(plan);
+        let rejected = &setback.rejected;
+        if let Some((algo, math, workspace)) = cache
             .and_then(|c| c.get(&key))
             .and_then(|choice| self.cached(plan, p, &choice))
             .filter(|(algo, _, _)| !rejected.contains(algo))
         {
-            return Ok(found);
+            return Ok((algo, math, workspace, None));
         }
         // A cached choice that did not hold may have left its math type on the descriptor.
         // SAFETY: the descriptor made in `prepare`.
         unsafe { result::set_convolution_math_type(p.conv, search_math(plan.dtype)) }
             .map_err(|e| status("math type", e))?;
-        let first_acceptable = |ranked: Vec<(Algo, Candidate)>| {
-            first_acceptable(ranked, plan.dtype, self.deterministic, &rejected)
-        };
         // A search that fails (a symbol missing, memory for its trials) or finds nothing
         // acceptable falls back to the heuristic; the plan still runs, and a failure is
-        // reported (`choosing`).
-        let found = match cache.is_some() && may_measure {
-            true => match self.ranked(plan, p, true) {
-                Ok(ranked) => first_acceptable(ranked),
+        // reported (`choosing`). After a rejection, its ranking is walked on instead.
+        let first = match setback.ranking.clone() {
+            Some(ranking) => Some(ranking),
+            None if cache.is_some() && may_measure => match self.ranked(plan, p, true) {
+                Ok(candidates) => Some(Ranking {
+                    candidates,
+                    measured: true,
+                }),
                 Err(why) => {
                     let mut failed = self.find_failures.lock().unwrap_or_else(|p| p.into_inner());
                     failed.push(format!("{key}: {why}"));
                     None
                 }
             },
-            false => None,
+            None => None,
         };
-        let measured = found.is_some();
-        let found = match found {
-            Some(f) => f,
-            None => first_acceptable(self.ranked(plan, p, false)?).ok_or_else(|| {
+        let heuristic = || {
+            self.ranked(plan, p, false).map(|candidates| Ranking {
+                candidates,
+                measured: false,
+            })
+        };
+        let accept = |r: &Ranking| {
+            first_acceptable(
+                r.candidates.clone(),
+                plan.dtype,
+                self.deterministic,
+                rejected,
+            )
+        };
+        let ((algo, (_, memory, _, math, millis)), ranking) =
+            next_choice(first, heuristic, accept)?.ok_or_else(|| {
                 let kind = if self.deterministic {
                     "deterministic "
                 } else {
@@ -496,10 +573,8 @@ impl Cudnn {
                     why += &format!(" but those rejected when run ({})", names.join(", "));
                 }
                 why
-            })?,
-        };
-        let (algo, (_, memory, _, math, millis)) = found;
-        if let (true, Some(cache)) = (measured, cache) {
+            })?;
+        if let (true, Some(cache)) = (ranking.measured, cache) {
             let choice = Choice {
                 algorithm: algo.name(),
                 math: format!("{math:?}"),
@@ -508,7 +583,7 @@ impl Cudnn {
             };
             cache.insert(key, choice);
         }
-        Ok((algo, math, memory))
+        Ok((algo, math, memory, Some(ranking)))
     }
 
     /// A cached choice, if cuDNN still takes it for this plan (asked for its workspace, which
@@ -602,6 +677,33 @@ impl Cudnn {
         Ok(ranked)
     }
 
+    /// Sets `p`'s algorithm aside for `plan` (cuDNN rejected it when run), keeping its ranking
+    /// for the next choice, and forgets the prepared plan so the next use makes that choice;
+    /// a saved choice of that algorithm is dropped from the disk cache.
+    fn set_aside(&self, plan: &ConvPlan, p: &Prepared) {
+        {
+            // Released before the plans' lock: `prepare` reads setbacks under that one.
+            let mut setbacks = self.setbacks.lock().unwrap_or_else(|p| p.into_inner());
+            let setback = setbacks.entry(*plan).or_default();
+            if !setback.rejected.contains(&p.algo) {
+                setback.rejected.push(p.algo);
+            }
+            if p.ranking.is_some() {
+                setback.ranking = p.ranking.clone();
+            }
+        }
+        if let Some(cache) = &self.measured {
+            let key = algorithms::key(plan, self.deterministic);
+            if cache
+                .get(&key)
+                .is_some_and(|c| c.algorithm == p.algo.name())
+            {
+                cache.forget(key);
+            }
+        }
+        self.plans.forget(plan);
+    }
+
     /// The workspace the plan needs, or why cuDNN refuses the plan (our kernels run it then).
     pub fn workspace_for(&self, plan: &ConvPlan, may_measure: bool) -> Result<usize, String> {
         self.prepared(plan, may_measure).map(|p| p.workspace)
@@ -620,12 +722,15 @@ impl Cudnn {
         (workspace, workspace_bytes): (DevicePtr, usize),
         capturing: bool,
     ) -> Result<(), Declined> {
-        // Prepared by `workspace_for` already (an error here: refused before); never measured.
-        let p = self.prepared(plan, false).map_err(|_| Declined::Refused)?;
-        // Another thread set the algorithm aside since: its successor may want more workspace.
-        if p.workspace > workspace_bytes {
-            return Err(Declined::Retry);
-        }
+        // Prepared by `workspace_for` already (an error: refused). Gone, or wanting more
+        // workspace, when another thread set its algorithm aside since: ask again, which
+        // prepares its successor (never here, where it could not be measured).
+        let p = match self.plans.get(plan) {
+            None => return Err(Declined::Retry),
+            Some(Err(_)) => return Err(Declined::Refused),
+            Some(Ok(p)) if p.workspace > workspace_bytes => return Err(Declined::Retry),
+            Some(Ok(p)) => p,
+        };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (one, zero) = (
             (&alpha as *const f32).cast::<c_void>(),
@@ -652,12 +757,7 @@ impl Cudnn {
             let why = status(&format!("{:?}", plan.direction), e);
             match (verdict(&e), capturing) {
                 (Verdict::NotForPlan, false) => {
-                    let mut rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
-                    let set_aside = rejected.entry(*plan).or_default();
-                    if !set_aside.contains(&p.algo) {
-                        set_aside.push(p.algo);
-                    }
-                    self.plans.forget(plan);
+                    self.set_aside(plan, &p);
                     Declined::Retry
                 }
                 (v, _) => self.plans.decline(plan, why, v, capturing),
@@ -684,6 +784,7 @@ mod tests {
         let of = |s| verdict(&result::CudnnError(s));
         for s in [
             Status::CUDNN_STATUS_BAD_PARAM,
+            Status::CUDNN_STATUS_INVALID_VALUE,
             Status::CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
             Status::CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH,
             Status::CUDNN_STATUS_NOT_SUPPORTED,
@@ -691,16 +792,18 @@ mod tests {
             Status::CUDNN_STATUS_NOT_SUPPORTED_LAYOUT,
             Status::CUDNN_STATUS_NOT_SUPPORTED_PADDING,
             Status::CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT,
+            // Some engines only: a type this GPU lacks, the runtime-compiled engines.
+            Status::CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING,
+            Status::CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE,
+            Status::CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED,
+            Status::CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED,
         ] {
             assert_eq!(of(s), Verdict::NotForPlan, "{s:?}");
         }
         for s in [
-            Status::CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH,
             Status::CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER,
             Status::CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART,
-            Status::CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING,
-            Status::CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE,
-            Status::CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED,
             Status::CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH,
             Status::CUDNN_STATUS_LICENSE_ERROR,
             Status::CUDNN_STATUS_NOT_INITIALIZED,
@@ -712,6 +815,8 @@ mod tests {
             Status::CUDNN_STATUS_BAD_PARAM_CUDA_GRAPH_MISMATCH,
             Status::CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API,
             Status::CUDNN_STATUS_BAD_PARAM_NULL_POINTER,
+            Status::CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED,
+            Status::CUDNN_STATUS_SERIALIZATION_VERSION_MISMATCH,
             Status::CUDNN_STATUS_EXECUTION_FAILED,
             Status::CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER,
             Status::CUDNN_STATUS_INTERNAL_ERROR,
@@ -751,6 +856,59 @@ mod tests {
         assert_eq!(pick(&[fft]), Some(implicit));
         assert_eq!(pick(&[implicit, fft]), Some(direct));
         assert_eq!(pick(&[fft, implicit, direct]), None);
+    }
+
+    /// After a rejection the rest of the ranking it came from is walked, with no new search;
+    /// the heuristic is asked only when that ranking (or Find's) has nothing left.
+    #[test]
+    fn a_rejections_ranking_is_walked_before_the_heuristic_is_asked() {
+        use sys::cudnnConvolutionFwdAlgo_t as F;
+        let (ok, nondet) = (Status::CUDNN_STATUS_SUCCESS, Det::CUDNN_NON_DETERMINISTIC);
+        let tensor = Math::CUDNN_TENSOR_OP_MATH;
+        let ranking = |algos: &[F], measured| Ranking {
+            candidates: algos
+                .iter()
+                .map(|&a| (Algo::Forward(a), (ok, 0, nondet, tensor, 1.0)))
+                .collect(),
+            measured,
+        };
+        let (fft, gemm, direct) = (
+            F::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+            F::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+            F::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        );
+        let run = |first: Option<Ranking>, rejected: &[F]| {
+            let rejected: Vec<Algo> = rejected.iter().map(|&a| Algo::Forward(a)).collect();
+            let asked = std::cell::Cell::new(false);
+            let chosen = next_choice(
+                first,
+                || {
+                    asked.set(true);
+                    Ok(ranking(&[direct, gemm], false))
+                },
+                |r| first_acceptable(r.candidates.clone(), DType::F16, false, &rejected),
+            )
+            .unwrap()
+            .map(|((algo, _), r)| (algo, r.measured));
+            (chosen, asked.get())
+        };
+        let measured = || Some(ranking(&[fft, gemm], true));
+        assert_eq!(
+            run(measured(), &[]),
+            (Some((Algo::Forward(fft), true)), false)
+        );
+        assert_eq!(
+            run(measured(), &[fft]),
+            (Some((Algo::Forward(gemm), true)), false)
+        );
+        assert_eq!(
+            run(measured(), &[fft, gemm]),
+            (Some((Algo::Forward(direct), false)), true)
+        );
+        assert_eq!(run(None, &[]), (Some((Algo::Forward(direct), false)), true));
+        assert_eq!(run(measured(), &[fft, gemm, direct]), (None, true));
+        let failed = next_choice(None, || Err("heuristic".into()), |_| None);
+        assert_eq!(failed.unwrap_err(), "heuristic");
     }
 
     #[test]

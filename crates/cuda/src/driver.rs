@@ -603,8 +603,11 @@ impl Gpu for CudaDriver {
         // Find allocates and synchronises: never while a graph is captured.
         let capturing = self.capturing.load(Ordering::Acquire);
         // An algorithm cuDNN rejects when run is set aside and the call made again with the
-        // next-ranked one (and the workspace it needs): at most one try per algorithm.
-        let ran = plans::retrying(cudnn::MOST_ALGORITHMS, || {
+        // next-ranked one (and the workspace it needs): at most one try per algorithm, and as
+        // many again for another thread's rejections meanwhile.
+        let tries = 2 * cudnn::MOST_ALGORITHMS;
+        let mut out_of_memory = None;
+        let ran = plans::retrying(tries, || {
             let needed = dnn
                 .workspace_for(plan, !capturing)
                 .map_err(|_| Declined::Refused)?;
@@ -619,17 +622,29 @@ impl Gpu for CudaDriver {
                 }
                 *workspace = (DevicePtr(0), 0);
                 let grown = needed.next_power_of_two();
-                let block = self
-                    .alloc(grown)
-                    .map_err(|e| Declined::Failed(format!("its workspace: {e}")))?;
-                *workspace = (block, grown);
+                match self.alloc(grown) {
+                    Ok(block) => *workspace = (block, grown),
+                    Err(e) => {
+                        out_of_memory = Some(e);
+                        // Answered below, as the allocation's own error.
+                        return Err(Declined::Failed(String::new()));
+                    }
+                }
             }
             dnn.run(plan, operands, *workspace, capturing)
         });
+        if let Some(e) = out_of_memory {
+            return Err(e);
+        }
         match ran {
             Ok(()) => {}
             // A plan cuDNN refuses enqueued nothing: our kernels run it.
-            Err(Declined::Refused | Declined::Retry) => return Ok(false),
+            Err(Declined::Refused) => return Ok(false),
+            // Still rejecting after every try: given up, our kernels run it from now on.
+            Err(Declined::Retry) => {
+                dnn.give_up(plan, format!("cuDNN still rejected it after {tries} tries"));
+                return Ok(false);
+            }
             Err(Declined::Failed(why)) => return Err(self.error("cuDNN convolution", why)),
         }
         self.after("cuDNN convolution")?;

@@ -268,63 +268,73 @@ mod tests {
     }
 
     /// Padding and cutting back channels in both orders writes every element of `to` — the
-    /// emulator's fresh memory is NaN — with `from`'s value or zero, read at a view's offset.
+    /// emulator's fresh memory is NaN — with `from`'s value or zero, both read and written at a
+    /// view's offset, for inputs, 1×1 weights and a batch of one (size-1 axes' free strides).
     #[test]
     fn channels_are_copied_padded_with_zeros_or_cut_in_either_order() {
         let gpu = Emulator::new().unwrap();
-        let shape = |c: usize| [2, c, 3, 5];
         let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
-        for channels_last in [true, false] {
-            let dense = |c: usize, offset: usize| {
-                let l = match channels_last {
-                    true => Layout::channels_last(&shape(c)).unwrap(),
-                    false => Layout::contiguous(&shape(c)),
-                };
-                Layout::new(l.shape().to_vec(), l.strides().to_vec(), offset)
-            };
-            for (from_c, to_c) in [(3, 4), (4, 3), (3, 8)] {
-                let (from, to) = (dense(from_c, 7), dense(to_c, 0));
-                let values: Vec<f32> = (0..7 + from.numel()).map(|i| i as f32 + 0.5).collect();
-                let src = gpu.alloc(values.len() * 4).unwrap();
-                gpu.upload(src, &f32s(&values)).unwrap();
-                let dst = gpu.alloc(to.numel() * 4).unwrap();
-                let operand = |ptr, layout| Operand {
-                    ptr,
-                    dtype: DType::F32,
-                    layout,
-                };
-                copy_channels(&gpu, &operand(src, &from), &operand(dst, &to)).unwrap();
-                let mut bytes = vec![0u8; to.numel() * 4];
-                gpu.download(dst, &mut bytes).unwrap();
-                let got: Vec<f32> = bytes
-                    .chunks(4)
-                    .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect();
-                let at = |l: &Layout, i: &[usize]| {
-                    l.offset() + i.iter().zip(l.strides()).map(|(a, s)| a * s).sum::<usize>()
-                };
-                for k in 0..to.numel() {
-                    let [_, c, h, w] = shape(to_c);
-                    let i = [k / (c * h * w), k / (h * w) % c, k / w % h, k % w];
-                    let want = match i[1] < from_c {
-                        true => values[at(&from, &i)],
-                        false => 0.0,
+        let at = |l: &Layout, i: &[usize]| {
+            l.offset() + i.iter().zip(l.strides()).map(|(a, s)| a * s).sum::<usize>()
+        };
+        let shapes: [fn(usize) -> [usize; 4]; 3] =
+            [|c| [2, c, 3, 5], |c| [6, c, 1, 1], |c| [1, c, 4, 2]];
+        for shape in shapes {
+            for channels_last in [true, false] {
+                let dense = |c: usize, offset: usize| {
+                    let l = match channels_last {
+                        true => Layout::channels_last(&shape(c)).unwrap(),
+                        false => Layout::contiguous(&shape(c)),
                     };
-                    assert_eq!(
-                        got[at(&to, &i)],
-                        want,
-                        "{from_c} → {to_c} channels, channels-last {channels_last}, at {i:?}"
-                    );
+                    Layout::new(l.shape().to_vec(), l.strides().to_vec(), offset)
+                };
+                for (from_c, to_c) in [(3, 4), (4, 3), (3, 8), (3, 3)] {
+                    let (from, to) = (dense(from_c, 7), dense(to_c, 5));
+                    let values: Vec<f32> = (0..7 + from.numel()).map(|i| i as f32 + 0.5).collect();
+                    let src = gpu.alloc(values.len() * 4).unwrap();
+                    gpu.upload(src, &f32s(&values)).unwrap();
+                    let dst = gpu.alloc((5 + to.numel()) * 4).unwrap();
+                    let operand = |ptr, layout| Operand {
+                        ptr,
+                        dtype: DType::F32,
+                        layout,
+                    };
+                    copy_channels(&gpu, &operand(src, &from), &operand(dst, &to)).unwrap();
+                    let mut bytes = vec![0u8; (5 + to.numel()) * 4];
+                    gpu.download(dst, &mut bytes).unwrap();
+                    let got: Vec<f32> = bytes
+                        .chunks(4)
+                        .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    assert!(got[..5].iter().all(|v| v.is_nan()), "before the view");
+                    for k in 0..to.numel() {
+                        let [_, c, h, w] = shape(to_c);
+                        let i = [k / (c * h * w), k / (h * w) % c, k / w % h, k % w];
+                        let want = match i[1] < from_c {
+                            true => values[at(&from, &i)],
+                            false => 0.0,
+                        };
+                        assert_eq!(
+                            got[at(&to, &i)],
+                            want,
+                            "{:?}: {from_c} → {to_c} channels, channels-last {channels_last}, at {i:?}",
+                            shape(1)
+                        );
+                    }
                 }
             }
         }
-        // Shapes that differ past the channels, or layouts in two orders, are refused by name.
+        // Shapes that differ past the channels, layouts in two orders, two dtypes or another
+        // rank are refused by name.
         let ptr = gpu.alloc(4096).unwrap();
         let nchw = Layout::contiguous(&[2, 3, 4, 4]);
-        for to in [
-            Layout::contiguous(&[2, 4, 4, 5]),
-            Layout::channels_last(&[2, 4, 4, 4]).unwrap(),
-        ] {
+        let refused = [
+            (Layout::contiguous(&[2, 4, 4, 5]), DType::F32),
+            (Layout::channels_last(&[2, 4, 4, 4]).unwrap(), DType::F32),
+            (Layout::contiguous(&[2, 4, 4, 4]), DType::F16),
+            (Layout::contiguous(&[2, 4, 16]), DType::F32),
+        ];
+        for (to, dtype) in &refused {
             let (a, b) = (
                 Operand {
                     ptr,
@@ -333,8 +343,8 @@ mod tests {
                 },
                 Operand {
                     ptr,
-                    dtype: DType::F32,
-                    layout: &to,
+                    dtype: *dtype,
+                    layout: to,
                 },
             );
             let err = copy_channels(&gpu, &a, &b).unwrap_err().to_string();
