@@ -142,10 +142,21 @@ struct Prepared {
     w: sys::cudnnFilterDescriptor_t,
     y: sys::cudnnTensorDescriptor_t,
     conv: sys::cudnnConvolutionDescriptor_t,
+    chosen: Chosen,
+}
+
+/// The algorithm a plan runs, and where it came from.
+#[derive(Clone, Debug)]
+struct Chosen {
     algo: Algo,
+    math: sys::cudnnMathType_t,
     workspace: usize,
-    /// The ranking the algorithm came from (none for a choice read from the disk cache): if
-    /// cuDNN rejects it when run, the next is taken from here, with no second search.
+    /// What Find measured it at (now or in an earlier run); `None` from the heuristic.
+    millis: Option<f32>,
+    /// How it was chosen, for the report.
+    how: &'static str,
+    /// The ranking it came from (none for a choice read from the disk cache): if cuDNN
+    /// rejects it when run, the next is taken from here, with no second search.
     ranking: Option<Ranking>,
 }
 
@@ -383,6 +394,33 @@ impl Cudnn {
         self.plans.refusals()
     }
 
+    /// Each prepared plan's algorithm, sorted: the plan's key, the algorithm and math type,
+    /// its workspace, Find's milliseconds where measured, and how it was chosen — what a slow
+    /// convolution on a GPU is read against.
+    pub fn choices(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .plans
+            .prepared()
+            .into_iter()
+            .map(|(plan, p)| {
+                let c = &p.chosen;
+                let millis = c
+                    .millis
+                    .map_or("unmeasured".into(), |ms| format!("{ms} ms"));
+                format!(
+                    "{}: {} ({:?}), {} B workspace, {millis}, {}",
+                    algorithms::key(&plan, self.deterministic),
+                    c.algo.name(),
+                    c.math,
+                    c.workspace,
+                    c.how
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Whether cuDNN can run here, as far as its calls have said.
     pub fn usable(&self) -> bool {
         self.plans.unusable().is_none()
@@ -487,42 +525,39 @@ impl Cudnn {
             w,
             y,
             conv,
-            algo: Algo::Forward(
-                sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-            ),
-            workspace: 0,
-            ranking: None,
+            chosen: Chosen {
+                algo: Algo::Forward(
+                    sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                ),
+                math,
+                workspace: 0,
+                millis: None,
+                how: "",
+                ranking: None,
+            },
         };
-        let (algo, math, workspace, ranking) = self.choose(plan, &prepared, may_measure)?;
+        let chosen = self.choose(plan, &prepared, may_measure)?;
         // SAFETY: the descriptor made above; the math type cuDNN reported for the algorithm.
-        unsafe { result::set_convolution_math_type(conv, math) }
+        unsafe { result::set_convolution_math_type(conv, chosen.math) }
             .map_err(|e| status("math type", e))?;
-        prepared.algo = algo;
-        prepared.workspace = workspace;
-        prepared.ranking = ranking;
+        prepared.chosen = chosen;
         Ok(prepared)
     }
 
     /// The plan's algorithm, math type and workspace, and the ranking it came from: cached,
     /// else the next in the ranking a rejection when run left, else measured (cuDNN's Find)
     /// and cached, else cuDNN's heuristic ranking; the first acceptable candidate not rejected.
-    #[allow(clippy::type_complexity)]
-    fn choose(
-        &self,
-        plan: &ConvPlan,
-        p: &Prepared,
-        may_measure: bool,
-    ) -> Result<(Algo, sys::cudnnMathType_t, usize, Option<Ranking>), String> {
+    fn choose(&self, plan: &ConvPlan, p: &Prepared, may_measure: bool) -> Result<Chosen, String> {
         let key = algorithms::key(plan, self.deterministic);
         let cache = self.measured.as_ref();
         let setback = self.setback(plan);
         let rejected = &setback.rejected;
-        if let Some((algo, math, workspace)) = cache
+        if let Some(chosen) = cache
             .and_then(|c| c.get(&key))
             .and_then(|choice| self.cached(plan, p, &choice))
-            .filter(|(algo, _, _)| !rejected.contains(algo))
+            .filter(|chosen| !rejected.contains(&chosen.algo))
         {
-            return Ok((algo, math, workspace, None));
+            return Ok(chosen);
         }
         // A cached choice that did not hold may have left its math type on the descriptor.
         // SAFETY: the descriptor made in `prepare`.
@@ -583,17 +618,25 @@ impl Cudnn {
             };
             cache.insert(key, choice);
         }
-        Ok((algo, math, memory, Some(ranking)))
+        let how = match (ranking.measured, rejected.is_empty()) {
+            (true, true) => "measured by Find",
+            (true, false) => "measured by Find, the next after a rejection",
+            (false, true) => "the heuristic's",
+            (false, false) => "the heuristic's, the next after a rejection",
+        };
+        Ok(Chosen {
+            algo,
+            math,
+            workspace: memory,
+            millis: ranking.measured.then_some(millis),
+            how,
+            ranking: Some(ranking),
+        })
     }
 
     /// A cached choice, if cuDNN still takes it for this plan (asked for its workspace, which
     /// must fit the cap): a file from another build or an edit is measured again instead.
-    fn cached(
-        &self,
-        plan: &ConvPlan,
-        p: &Prepared,
-        choice: &Choice,
-    ) -> Option<(Algo, sys::cudnnMathType_t, usize)> {
+    fn cached(&self, plan: &ConvPlan, p: &Prepared, choice: &Choice) -> Option<Chosen> {
         let algo = Algo::named(plan.direction, &choice.algorithm)?;
         let math = names::lookup(&names::MATH, &choice.math)?;
         if plan.dtype == DType::F32 && math != sys::cudnnMathType_t::CUDNN_FMA_MATH {
@@ -616,7 +659,14 @@ impl Cudnn {
             }
         }
         .ok()?;
-        (size <= WORKSPACE_CAP).then_some((algo, math, size))
+        (size <= WORKSPACE_CAP).then_some(Chosen {
+            algo,
+            math,
+            workspace: size,
+            millis: Some(choice.millis),
+            how: "measured by Find in an earlier run (disk cache)",
+            ranking: None,
+        })
     }
 
     /// cuDNN's candidates for the plan's direction, best first: measured on the device by Find
@@ -685,18 +735,18 @@ impl Cudnn {
             // Released before the plans' lock: `prepare` reads setbacks under that one.
             let mut setbacks = self.setbacks.lock().unwrap_or_else(|p| p.into_inner());
             let setback = setbacks.entry(*plan).or_default();
-            if !setback.rejected.contains(&p.algo) {
-                setback.rejected.push(p.algo);
+            if !setback.rejected.contains(&p.chosen.algo) {
+                setback.rejected.push(p.chosen.algo);
             }
-            if p.ranking.is_some() {
-                setback.ranking = p.ranking.clone();
+            if p.chosen.ranking.is_some() {
+                setback.ranking = p.chosen.ranking.clone();
             }
         }
         if let Some(cache) = &self.measured {
             let key = algorithms::key(plan, self.deterministic);
             if cache
                 .get(&key)
-                .is_some_and(|c| c.algorithm == p.algo.name())
+                .is_some_and(|c| c.algorithm == p.chosen.algo.name())
             {
                 cache.forget(key);
             }
@@ -706,7 +756,7 @@ impl Cudnn {
 
     /// The workspace the plan needs, or why cuDNN refuses the plan (our kernels run it then).
     pub fn workspace_for(&self, plan: &ConvPlan, may_measure: bool) -> Result<usize, String> {
-        self.prepared(plan, may_measure).map(|p| p.workspace)
+        self.prepared(plan, may_measure).map(|p| p.chosen.workspace)
     }
 
     /// Enqueues the plan with cuDNN's `x`, `w` and `y` at `[x, w, y]` (first elements) and a
@@ -728,7 +778,7 @@ impl Cudnn {
         let p = match self.plans.get(plan) {
             None => return Err(Declined::Retry),
             Some(Err(_)) => return Err(Declined::Refused),
-            Some(Ok(p)) if p.workspace > workspace_bytes => return Err(Declined::Retry),
+            Some(Ok(p)) if p.chosen.workspace > workspace_bytes => return Err(Declined::Retry),
             Some(Ok(p)) => p,
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
@@ -737,14 +787,14 @@ impl Cudnn {
             (&beta as *const f32).cast::<c_void>(),
         );
         let ptr = |d: DevicePtr| d.0 as *mut c_void;
-        let ws = (ptr(workspace), p.workspace);
+        let ws = (ptr(workspace), p.chosen.workspace);
         // SAFETY: descriptors from `prepare` describe the operands at these pointers (the
-        // launcher built the plan from their layouts); the workspace holds `p.workspace` bytes.
+        // launcher built the plan from their layouts); the workspace holds `p.chosen.workspace` bytes.
         // Each call reads two operands and writes the third (alpha = 1, beta = 0).
         #[rustfmt::skip]
         let enqueued = unsafe {
             let (h, c) = (self.handle, p.conv);
-            match p.algo {
+            match p.chosen.algo {
                 Algo::Forward(a) => result::convolution_forward(
                     h, one, p.x, ptr(x), p.w, ptr(w), c, a, ws.0, ws.1, zero, p.y, ptr(y)),
                 Algo::InputGrad(a) => result::convolution_backward_data(

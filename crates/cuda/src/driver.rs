@@ -665,7 +665,10 @@ impl Gpu for CudaDriver {
                 "cuDNN",
                 self.dnn().map(|d| (d.report.clone(), d.refusals())),
             )
-            .with_algorithms(self.dnn().ok().map(Cudnn::choosing)),
+            .with_algorithms(
+                self.dnn().ok().map(Cudnn::choosing),
+                self.dnn().map(Cudnn::choices).unwrap_or_default(),
+            ),
             // Loaded for cuDNN's runtime-compiled engines; beside cuDNN only.
             Library::new(
                 "NVRTC",

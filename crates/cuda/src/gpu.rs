@@ -262,6 +262,8 @@ pub struct Library {
     pub loaded: std::result::Result<(LibReport, Vec<String>), String>,
     /// How it picks its algorithms, where that is a choice (cuDNN: measured or heuristic).
     pub algorithms: Option<String>,
+    /// The algorithm each prepared plan runs, a line each (cuDNN).
+    pub choices: Vec<String>,
 }
 
 impl Library {
@@ -273,11 +275,13 @@ impl Library {
             name,
             loaded,
             algorithms: None,
+            choices: Vec::new(),
         }
     }
 
-    pub fn with_algorithms(mut self, how: Option<String>) -> Self {
+    pub fn with_algorithms(mut self, how: Option<String>, choices: Vec<String>) -> Self {
         self.algorithms = how;
+        self.choices = choices;
         self
     }
 }

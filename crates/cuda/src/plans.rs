@@ -101,6 +101,15 @@ impl<K: Hash + Eq + Clone + Debug, V> PlanCache<K, V> {
         entries.get(key).cloned()
     }
 
+    /// Every prepared plan (refusals left out), in no particular order.
+    pub fn prepared(&self) -> Vec<(K, Arc<V>)> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().ok().map(|v| (k.clone(), v.clone())))
+            .collect()
+    }
+
     /// Marks `key` refused from now on (its call failed), keeping `why` for the report.
     pub fn refuse(&self, key: &K, why: String) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
@@ -187,6 +196,12 @@ mod tests {
         }
         assert_eq!(made, 1);
         let refused = cache.get_or_prepare(&2, || Err("no algorithm".into()));
+        let listed: Vec<(u32, String)> = cache
+            .prepared()
+            .into_iter()
+            .map(|(k, v)| (k, v.to_string()))
+            .collect();
+        assert_eq!(listed, [(1, "desc".to_string())], "refusals are not listed");
         assert_eq!(refused.unwrap_err(), "no algorithm");
         cache.refuse(&1, "CUBLAS_STATUS_NOT_SUPPORTED".into());
         assert!(cache.get_or_prepare(&1, || Ok("again".into())).is_err());

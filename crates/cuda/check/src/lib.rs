@@ -303,9 +303,9 @@ pub fn run(options: &Options) -> bool {
         };
         stage(&journal, 9, "speed", &mut || {
             let deadline = Instant::now() + options.stage_timeout;
-            // The plans refused so far (conformance's odd shapes and unaligned views): not the
-            // measured step's.
-            let refused_before = libraries(&**backend.gpu());
+            // The plans prepared and refused so far (conformance's odd shapes and unaligned
+            // views): not the measured step's.
+            let before = libraries(&**backend.gpu());
             // What the earlier stages left cached goes back first, and again before PyTorch's
             // process starts (ResNet-50 at batch 256 reserves tens of GiB).
             let release = || {
@@ -322,8 +322,8 @@ pub fn run(options: &Options) -> bool {
             let mut report = speed::stage(&device, &name, &speed, &sides)?;
             report["memory"] = json!(backend.memory_stats().to_string());
             // Whether cuDNN and cuBLASLt ran the stage's convolutions and matmuls, or our
-            // kernels did.
-            report["libraries"] = refused_since(&refused_before, libraries(&**backend.gpu()));
+            // kernels did, and which algorithm each of cuDNN's plans ran.
+            report["libraries"] = libraries_since(&before, libraries(&**backend.gpu()));
             // The 3-channel stem run as 4 for cuDNN (REDLINE_CUDNN_PAD_STEM=0: as it is).
             report["stem_padded_to_4_channels"] = json!(backend.gpu().pads_stem_channels());
             Ok(report)
@@ -424,6 +424,7 @@ fn libraries(gpu: &dyn Gpu) -> Value {
                 "path": r.path.display().to_string(),
                 "version": r.version,
                 "algorithms": library.algorithms,
+                "plans": library.choices,
                 "refused_plans_on_our_kernels": refused,
             }),
             Err(e) => json!({"not_used": e}),
@@ -433,14 +434,17 @@ fn libraries(gpu: &dyn Gpu) -> Value {
     Value::Object(out)
 }
 
-/// `now`'s libraries with only the plans refused since `before` (both from [`libraries`]).
-fn refused_since(before: &Value, mut now: Value) -> Value {
-    const REFUSED: &str = "refused_plans_on_our_kernels";
+/// `now`'s libraries with only the plans prepared and refused since `before` (both from
+/// [`libraries`]).
+fn libraries_since(before: &Value, mut now: Value) -> Value {
+    const LISTS: [&str; 2] = ["plans", "refused_plans_on_our_kernels"];
     if let Some(libraries) = now.as_object_mut() {
         for (name, library) in libraries.iter_mut() {
-            let earlier = before[name.as_str()][REFUSED].as_array().cloned();
-            if let (Some(refused), Some(earlier)) = (library[REFUSED].as_array_mut(), earlier) {
-                refused.retain(|plan| !earlier.contains(plan));
+            for list in LISTS {
+                let earlier = before[name.as_str()][list].as_array().cloned();
+                if let (Some(now), Some(earlier)) = (library[list].as_array_mut(), earlier) {
+                    now.retain(|plan| !earlier.contains(plan));
+                }
             }
         }
     }
@@ -1015,22 +1019,28 @@ mod tests {
         let _ = std::fs::remove_file(&json);
     }
 
-    /// The speed stage names only the plans refused while it ran, not conformance's.
+    /// The speed stage names only the plans prepared and refused while it ran, not
+    /// conformance's.
     #[test]
-    fn refusals_before_a_stage_are_not_its_own() {
+    fn plans_before_a_stage_are_not_its_own() {
         let before = json!({
-            "cuDNN": {"version": "9", "refused_plans_on_our_kernels": ["odd conv"]},
+            "cuDNN": {"version": "9", "plans": ["odd: ALGO_0"], "refused_plans_on_our_kernels": ["odd conv"]},
             "cuBLASLt": {"not_used": "absent"},
         });
         let now = json!({
-            "cuDNN": {"version": "9", "refused_plans_on_our_kernels": ["odd conv", "stem conv"]},
+            "cuDNN": {
+                "version": "9",
+                "plans": ["odd: ALGO_0", "stem: ALGO_1"],
+                "refused_plans_on_our_kernels": ["odd conv", "stem conv"],
+            },
             "cuBLASLt": {"not_used": "absent"},
         });
-        let since = refused_since(&before, now);
+        let since = libraries_since(&before, now);
         assert_eq!(
             since["cuDNN"]["refused_plans_on_our_kernels"],
             json!(["stem conv"])
         );
+        assert_eq!(since["cuDNN"]["plans"], json!(["stem: ALGO_1"]));
         assert_eq!(since["cuDNN"]["version"], "9");
         assert_eq!(since["cuBLASLt"]["not_used"], "absent");
     }
