@@ -251,15 +251,22 @@ __global__ void __launch_bounds__(NORM_THREADS)
     }
 }
 
-/// out[i] = Σ_k partials[k][i] over the `chunks` [2, C] partials: a block per i, its threads'
-/// shares combined by block_all (an order fixed by the block size).
+/// Σ_k partials[k][i] over the `chunks` [2, C] partials, by the whole block: its threads'
+/// shares combined by block_all (an order fixed by the block size), so every kernel that
+/// combines partials gets the same bits.
+template <class S>
+__device__ __forceinline__ S combined(const S *__restrict__ partials, i64 chunks, i64 C, i64 i) {
+    S total = 0;
+    for (i64 k = threadIdx.x; k < chunks; k += blockDim.x) total += partials[k * 2 * C + i];
+    return block_all(total, SumOp());
+}
+
+/// out[i] = Σ_k partials[k][i]: a block per i.
 template <class S>
 __global__ void __launch_bounds__(NORM_THREADS)
     batch_norm_stats_combine(const S *__restrict__ partials, i64 chunks, S *__restrict__ out, i64 C) {
     for (i64 i = blockIdx.x; i < 2 * C; i += gridDim.x) {
-        S total = 0;
-        for (i64 k = threadIdx.x; k < chunks; k += blockDim.x) total += partials[k * 2 * C + i];
-        total = block_all(total, SumOp());
+        const S total = combined(partials, chunks, C, i);
         if (threadIdx.x == 0) out[i] = total;
     }
 }
@@ -298,53 +305,95 @@ __global__ void batch_norm_apply_packed(const Pack16<T> *__restrict__ x, const P
     }
 }
 
-/// Batch norm's forward coefficients, a thread per channel (C is at most a few thousand): from
-/// the sums [Σx; Σx²], coef = [rstd·w; b − mean·rstd·w; residual] and saved = [mean; rstd],
-/// and the running statistics updated in place (unbiased variance) — one launch for what the
-/// composition takes ~30. S: the statistics dtype. weight, bias and the running statistics may
-/// be null.
+/// Channel c's forward coefficients from its sums Σx and Σx² over n elements: coef = [rstd·w;
+/// b − mean·rstd·w; residual] and saved = [mean; rstd], and the running statistics updated in
+/// place (unbiased variance). weight, bias and the running statistics may be null.
+template <class S>
+__device__ __forceinline__ void forward_coef(i64 c, i64 C, S sum_x, S sum_xx, const S *__restrict__ weight,
+                                             const S *__restrict__ bias, S *__restrict__ running_mean,
+                                             S *__restrict__ running_var, S *__restrict__ coef, S *__restrict__ saved,
+                                             S n, S m, double eps, i64 residual) {
+    const S mean = sum_x / n;
+    S var = sum_xx / n - mean * mean;
+    var = var > (S)0 ? var : (S)0;
+    if (running_mean != nullptr) {
+        const S unbiased = n / ((n > (S)2 ? n : (S)2) - (S)1);
+        running_mean[c] = ((S)1 - m) * running_mean[c] + m * mean;
+        running_var[c] = ((S)1 - m) * running_var[c] + m * unbiased * var;
+    }
+    const S rstd = (S)1 / sqrt(var + (S)eps);
+    const S scale = weight != nullptr ? rstd * weight[c] : rstd;
+    coef[c] = scale;
+    coef[C + c] = (bias != nullptr ? bias[c] : (S)0) - mean * scale;
+    coef[2 * C + c] = residual ? (S)1 : (S)0;
+    saved[c] = mean;
+    saved[C + c] = rstd;
+}
+
+/// Channel c's backward coefficients from its sums Σg and Σx·g over n elements and the
+/// forward's [mean; rstd]: coef = [k0; k1; rw] for dx = rw·g + k0·x + k1, dw and db.
+template <class S>
+__device__ __forceinline__ void backward_coef(i64 c, i64 C, S sum_g, S sum_xg, const S *__restrict__ saved,
+                                              const S *__restrict__ weight, S *__restrict__ coef,
+                                              S *__restrict__ dw, S *__restrict__ db, S n) {
+    const S mean = saved[c], rstd = saved[C + c];
+    const S centred = sum_xg - mean * sum_g;
+    const S rw = weight != nullptr ? rstd * weight[c] : rstd;
+    const S k0 = -(rw * rstd * rstd * centred) / n;
+    coef[c] = k0;
+    coef[C + c] = -(rw * sum_g) / n - mean * k0;
+    coef[2 * C + c] = rw;
+    dw[c] = rstd * centred;
+    db[c] = sum_g;
+}
+
+/// Batch norm's forward coefficients, a thread per channel (C is at most a few thousand), from
+/// the sums [Σx; Σx²] — one launch for what the composition takes ~30. S: the statistics dtype.
 template <class S>
 __global__ void batch_norm_coef(const S *__restrict__ sums, const S *__restrict__ weight,
                                 const S *__restrict__ bias, S *__restrict__ running_mean,
                                 S *__restrict__ running_var, S *__restrict__ coef, S *__restrict__ saved,
                                 double count, double eps, double momentum, i64 residual, i64 C) {
-    const S n = (S)count, m = (S)momentum;
     for (i64 c = first_index(); c < C; c += grid_step()) {
-        const S mean = sums[c] / n;
-        S var = sums[C + c] / n - mean * mean;
-        var = var > (S)0 ? var : (S)0;
-        if (running_mean != nullptr) {
-            const S unbiased = n / ((n > (S)2 ? n : (S)2) - (S)1);
-            running_mean[c] = ((S)1 - m) * running_mean[c] + m * mean;
-            running_var[c] = ((S)1 - m) * running_var[c] + m * unbiased * var;
-        }
-        const S rstd = (S)1 / sqrt(var + (S)eps);
-        const S scale = weight != nullptr ? rstd * weight[c] : rstd;
-        coef[c] = scale;
-        coef[C + c] = (bias != nullptr ? bias[c] : (S)0) - mean * scale;
-        coef[2 * C + c] = residual ? (S)1 : (S)0;
-        saved[c] = mean;
-        saved[C + c] = rstd;
+        forward_coef(c, C, sums[c], sums[C + c], weight, bias, running_mean, running_var, coef, saved, (S)count,
+                     (S)momentum, eps, residual);
     }
 }
 
-/// Batch norm's backward coefficients, a thread per channel: from the sums [Σg; Σx·g] and the
-/// forward's [mean; rstd], coef = [k0; k1; rw] for dx = rw·g + k0·x + k1, dw and db.
+/// batch_norm_stats_combine and batch_norm_coef in one launch, for channels-last sums left as
+/// partials: a block per channel adds its two rows (as the combine does: the same bits), then
+/// its first thread computes the channel's coefficients — one launch a pass fewer.
+template <class S>
+__global__ void batch_norm_combine_coef(const S *__restrict__ partials, i64 chunks, const S *__restrict__ weight,
+                            const S *__restrict__ bias, S *__restrict__ running_mean, S *__restrict__ running_var,
+                            S *__restrict__ coef, S *__restrict__ saved, double count, double eps, double momentum,
+                            i64 residual, i64 C) {
+    for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
+        const S sum_x = combined(partials, chunks, C, c), sum_xx = combined(partials, chunks, C, C + c);
+        if (threadIdx.x == 0) {
+            forward_coef(c, C, sum_x, sum_xx, weight, bias, running_mean, running_var, coef, saved, (S)count,
+                         (S)momentum, eps, residual);
+        }
+    }
+}
+
+/// Batch norm's backward coefficients, a thread per channel, from the sums [Σg; Σx·g].
 template <class S>
 __global__ void batch_norm_grad_coef(const S *__restrict__ sums, const S *__restrict__ saved,
                                      const S *__restrict__ weight, S *__restrict__ coef,
                                      S *__restrict__ dw, S *__restrict__ db, double count, i64 C) {
-    const S n = (S)count;
     for (i64 c = first_index(); c < C; c += grid_step()) {
-        const S mean = saved[c], rstd = saved[C + c];
-        const S sum_g = sums[c], sum_xg = sums[C + c];
-        const S centred = sum_xg - mean * sum_g;
-        const S rw = weight != nullptr ? rstd * weight[c] : rstd;
-        const S k0 = -(rw * rstd * rstd * centred) / n;
-        coef[c] = k0;
-        coef[C + c] = -(rw * sum_g) / n - mean * k0;
-        coef[2 * C + c] = rw;
-        dw[c] = rstd * centred;
-        db[c] = sum_g;
+        backward_coef(c, C, sums[c], sums[C + c], saved, weight, coef, dw, db, (S)count);
+    }
+}
+
+/// batch_norm_stats_combine and batch_norm_grad_coef in one launch (as batch_norm_combine_coef).
+template <class S>
+__global__ void batch_norm_combine_grad_coef(const S *__restrict__ partials, i64 chunks, const S *__restrict__ saved,
+                                 const S *__restrict__ weight, S *__restrict__ coef, S *__restrict__ dw,
+                                 S *__restrict__ db, double count, i64 C) {
+    for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
+        const S sum_g = combined(partials, chunks, C, c), sum_xg = combined(partials, chunks, C, C + c);
+        if (threadIdx.x == 0) backward_coef(c, C, sum_g, sum_xg, saved, weight, coef, dw, db, (S)count);
     }
 }

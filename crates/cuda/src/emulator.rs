@@ -291,6 +291,11 @@ impl Emulator {
         self
     }
 
+    /// How many launches have run so far (captured ones count when a replay runs them).
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
     /// The shared library the kernels run from.
     pub fn library_path(&self) -> &Path {
         &self.path

@@ -149,12 +149,15 @@ pub fn batch_norm_stats_combine(stats: DType) -> String {
     format!("batch_norm_stats_combine<{}>", ctype(stats))
 }
 
-/// Batch norm's per-channel coefficients, forward or backward, in statistics dtype `stats`.
-pub fn batch_norm_coef(stats: DType, backward: bool) -> String {
-    let name = if backward {
-        "batch_norm_grad_coef"
-    } else {
-        "batch_norm_coef"
+/// Batch norm's per-channel coefficients, forward or backward, in statistics dtype `stats`:
+/// from the sums, or (`partials`) from `batch_norm_stats_rows`' partials, combined in the same
+/// launch.
+pub fn batch_norm_coef(stats: DType, backward: bool, partials: bool) -> String {
+    let name = match (backward, partials) {
+        (false, false) => "batch_norm_coef",
+        (true, false) => "batch_norm_grad_coef",
+        (false, true) => "batch_norm_combine_coef",
+        (true, true) => "batch_norm_combine_grad_coef",
     };
     format!("{name}<{}>", ctype(stats))
 }
@@ -297,7 +300,9 @@ pub fn families() -> Vec<Family> {
         }
     }
     for stats in [DType::F32, DType::F64] {
-        norms.extend([false, true].map(|backward| batch_norm_coef(stats, backward)));
+        for partials in [false, true] {
+            norms.extend([false, true].map(|backward| batch_norm_coef(stats, backward, partials)));
+        }
         norms.push(batch_norm_stats_combine(stats));
     }
     let pools: Vec<String> = floats

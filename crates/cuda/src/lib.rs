@@ -41,9 +41,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    stats_dtype, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams, DType, Download,
-    DownloadOf, Event, Graph, HostBytes, Layout, Op, Pool2dParams, ReduceOp, Replay, Result,
-    ScalerParams, SgdParams, Storage, TensorError, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
+    stats_dtype, with_batch_norm_sums, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams,
+    DType, Download, DownloadOf, Event, Graph, HostBytes, Layout, Op, Pool2dParams, ReduceOp,
+    Replay, Result, ScalerParams, SgdParams, Storage, TensorError, Timestamp, UnaryOp, View,
+    TIMESTAMP_SLOTS,
 };
 
 pub use emulator::Emulator;
@@ -201,6 +202,51 @@ impl CudaBackend {
         let storage = self.alloc_for(x.dtype, wider)?;
         ops::conv::copy_channels(&*self.gpu, x, &self.output(&storage, wider)?)?;
         Ok(storage)
+    }
+
+    /// Batch norm's forward coefficients and saved statistics (of stats dtype `sd`, `c`
+    /// channels) from `sums`.
+    #[allow(clippy::too_many_arguments)]
+    fn coef_from(
+        &self,
+        sd: DType,
+        c: usize,
+        sums: ops::norm::Sums,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &redline_tensor::BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let (coef, saved) = (self.alloc(sd, 3 * c)?, self.alloc(sd, 2 * c)?);
+        let start = |v: Option<View<'_>>| v.map(|v| self.start(v)).transpose();
+        let running = running
+            .map(|(m, v)| Ok::<_, TensorError>((self.buffer(m)?.ptr, self.buffer(v)?.ptr)))
+            .transpose()?;
+        let out = (self.buffer(&coef)?.ptr, self.buffer(&saved)?.ptr);
+        let (w, b) = (start(weight)?, start(bias)?);
+        ops::norm::coef(&*self.gpu, sd, c, sums, w, b, running, out, p)?;
+        Ok((coef, saved))
+    }
+
+    /// Batch norm's backward coefficients, `dw` and `db` (of stats dtype `sd`, `c` channels)
+    /// from `sums` and the forward's `saved`.
+    fn grad_coef_from(
+        &self,
+        sd: DType,
+        c: usize,
+        sums: ops::norm::Sums,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let coef = self.alloc(sd, 3 * c)?;
+        let (dw, db) = (self.alloc(sd, c)?, self.alloc(sd, c)?);
+        let w = weight.map(|w| self.start(w)).transpose()?;
+        let ptr = |s: &Storage| self.buffer(s).map(|b| b.ptr);
+        let out = (ptr(&coef)?, ptr(&dw)?, ptr(&db)?);
+        let kept = self.start(saved)?;
+        ops::norm::grad_coef(&*self.gpu, sd, c, sums, kept, w, out, count)?;
+        Ok((coef, dw, db))
     }
 
     /// A storage for an op's output written in layout `out`.
@@ -820,15 +866,33 @@ impl Backend for CudaBackend {
     ) -> Result<(Storage, Storage)> {
         let _range = nvtx::range("batch_norm_coef");
         let (sd, c) = (sums.dtype(), sums.layout.shape()[1]);
-        let (coef, saved) = (self.alloc(sd, 3 * c)?, self.alloc(sd, 2 * c)?);
-        let start = |v: Option<View<'_>>| v.map(|v| self.start(v)).transpose();
-        let running = running
-            .map(|(m, v)| Ok::<_, TensorError>((self.buffer(m)?.ptr, self.buffer(v)?.ptr)))
-            .transpose()?;
-        let out = (self.buffer(&coef)?.ptr, self.buffer(&saved)?.ptr);
-        let (w, b) = (start(weight)?, start(bias)?);
-        ops::norm::coef(&*self.gpu, sd, c, self.start(sums)?, w, b, running, out, p)?;
-        Ok((coef, saved))
+        let sums = ops::norm::Sums::Whole(self.start(sums)?);
+        self.coef_from(sd, c, sums, weight, bias, running, p)
+    }
+
+    fn batch_norm_stats_coef(
+        &self,
+        x: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &redline_tensor::BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let _range = nvtx::range("batch_norm_stats_coef");
+        let (sd, c) = (stats_dtype(x.dtype()), x.layout.shape()[1]);
+        let xo = self.operand(x)?;
+        let Some(plan) = ops::norm::RowsPlan::new(&xo, &[]) else {
+            // Summed a block per channel straight into [2, C]: nothing to fuse.
+            return with_batch_norm_sums(self, x, None, None, |sums| {
+                self.batch_norm_coef(sums, weight, bias, running, p)
+            });
+        };
+        // The channels-last partials, added up by the coefficients' launch: no sums written.
+        let partials = self.alloc(sd, plan.partials())?;
+        let at = self.buffer(&partials)?.ptr;
+        ops::norm::partial_stats(&*self.gpu, &plan, &xo, None, None, at)?;
+        let sums = ops::norm::Sums::Partials(at, plan.chunks);
+        self.coef_from(sd, c, sums, weight, bias, running, p)
     }
 
     fn batch_norm_grad_coef(
@@ -840,14 +904,36 @@ impl Backend for CudaBackend {
     ) -> Result<(Storage, Storage, Storage)> {
         let _range = nvtx::range("batch_norm_grad_coef");
         let (sd, c) = (sums.dtype(), sums.layout.shape()[1]);
-        let coef = self.alloc(sd, 3 * c)?;
-        let (dw, db) = (self.alloc(sd, c)?, self.alloc(sd, c)?);
-        let w = weight.map(|w| self.start(w)).transpose()?;
-        let ptr = |s: &Storage| self.buffer(s).map(|b| b.ptr);
-        let out = (ptr(&coef)?, ptr(&dw)?, ptr(&db)?);
-        let (s, kept) = (self.start(sums)?, self.start(saved)?);
-        ops::norm::grad_coef(&*self.gpu, sd, c, s, kept, w, out, count)?;
-        Ok((coef, dw, db))
+        let sums = ops::norm::Sums::Whole(self.start(sums)?);
+        self.grad_coef_from(sd, c, sums, saved, weight, count)
+    }
+
+    fn batch_norm_grad_stats_coef(
+        &self,
+        x: View<'_>,
+        g: View<'_>,
+        gate: Option<View<'_>>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let _range = nvtx::range("batch_norm_grad_stats_coef");
+        let (sd, c) = (stats_dtype(x.dtype()), x.layout.shape()[1]);
+        let (xo, go) = (self.operand(x)?, self.operand(g)?);
+        let Some(plan) = ops::norm::RowsPlan::new(&xo, &[&go]) else {
+            // Summed a block per channel straight into [2, C]: nothing to fuse.
+            return with_batch_norm_sums(self, x, Some(g), gate, |sums| {
+                self.batch_norm_grad_coef(sums, saved, weight, count)
+            });
+        };
+        let gate = gate
+            .map(|g| self.buffer(g.storage).map(|b| b.ptr))
+            .transpose()?;
+        let partials = self.alloc(sd, plan.partials())?;
+        let at = self.buffer(&partials)?.ptr;
+        ops::norm::partial_stats(&*self.gpu, &plan, &xo, Some(&go), gate, at)?;
+        let sums = ops::norm::Sums::Partials(at, plan.chunks);
+        self.grad_coef_from(sd, c, sums, saved, weight, count)
     }
 
     fn batch_norm_apply(

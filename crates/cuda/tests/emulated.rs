@@ -256,6 +256,116 @@ fn batch_norm_walks_channels_last_and_dense_tensors_in_memory_order() {
     });
 }
 
+/// Batch norm's statistics and coefficients in one call give the two calls' bits — the
+/// coefficients, the saved statistics, the running statistics updated in place, and backward's
+/// dw and db — with one launch fewer where x is channels-last (its partial sums are added by
+/// the coefficients' launch, never written as sums), and as many where it is not.
+#[test]
+fn batch_norm_statistics_and_coefficients_in_one_call_take_a_launch_fewer_with_the_same_bits() {
+    let emulator = Arc::new(redline_cuda::Emulator::new().unwrap_or_else(|e| panic!("{e}")));
+    let d = Device::new(Arc::new(CudaBackend::new(emulator.clone())));
+    let p = redline_tensor::BatchNormCoefParams {
+        count: 0.0,
+        eps: 1e-5,
+        momentum: 0.1,
+        residual: true,
+    };
+    let cases: [([usize; 4], bool); 4] = [
+        ([4, 64, 8, 8], true),
+        ([3, 40, 5, 7], true),
+        ([2, 36, 3, 3], true),
+        ([2, 16, 3, 8], false),
+    ];
+    for dtype in [DType::BF16, DType::F32] {
+        for (shape, channels_last) in cases {
+            let what = format!("{dtype} {shape:?} channels-last {channels_last}");
+            let (n, c) = (shape.iter().product::<usize>(), shape[1]);
+            let p = redline_tensor::BatchNormCoefParams {
+                count: (n / c) as f64,
+                ..p
+            };
+            let sd = redline_tensor::stats_dtype(dtype);
+            let tensor = |values: Vec<f32>| {
+                let t = Tensor::from_slice(&values, &shape, &d).unwrap().cast(dtype);
+                match channels_last {
+                    true => t.and_then(|t| t.to_channels_last()).unwrap(),
+                    false => t.unwrap(),
+                }
+            };
+            let per_channel = |scale| {
+                Tensor::from_slice(&ramp(c, scale), &[c], &d)
+                    .and_then(|t| t.cast(sd))
+                    .unwrap()
+            };
+            let (x, g) = (
+                tensor(ramp(n, 0.05)),
+                tensor(ramp(n + 5, 0.03)[5..].to_vec()),
+            );
+            let (w, b) = (per_channel(0.02), per_channel(0.04));
+            let gate = Tensor::from_slice(&ramp(2 * c, 0.01), &[2, c], &d)
+                .and_then(|t| t.cast(sd))
+                .unwrap();
+            let bits = |t: &Tensor| t.to_f64_vec().unwrap();
+            let counted = |f: &dyn Fn() -> Vec<Vec<f64>>| {
+                let before = emulator.launches();
+                let out = f();
+                (out, emulator.launches() - before)
+            };
+            let forward = |fused: bool| {
+                let positive: Vec<f32> = (0..c).map(|i| 0.5 + i as f32 * 0.01).collect();
+                let var = Tensor::from_slice(&positive, &[c], &d)
+                    .and_then(|t| t.cast(sd))
+                    .unwrap();
+                let mean = per_channel(0.06);
+                let running = Some((&mean, &var));
+                let (coef, saved) = match fused {
+                    true => x.batch_norm_stats_coef(Some(&w), Some(&b), running, &p),
+                    false => {
+                        let sums = x.batch_norm_stats(None, None).unwrap();
+                        Tensor::batch_norm_coef(&sums, dtype, Some(&w), Some(&b), running, &p)
+                    }
+                }
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                vec![bits(&coef), bits(&saved), bits(&mean), bits(&var)]
+            };
+            // The running statistics are made inside: count only the stats and coefficients.
+            let (fused, fused_launches) = counted(&|| forward(true));
+            let (apart, apart_launches) = counted(&|| forward(false));
+            assert_eq!(fused, apart, "forward {what}");
+            let saved = {
+                let sums = x.batch_norm_stats(None, None).unwrap();
+                Tensor::batch_norm_coef(&sums, dtype, Some(&w), Some(&b), None, &p)
+                    .unwrap()
+                    .1
+            };
+            let backward = |fused: bool| {
+                let (coef, dw, db) = match fused {
+                    true => {
+                        x.batch_norm_grad_stats_coef(&g, Some(&gate), &saved, Some(&w), p.count)
+                    }
+                    false => {
+                        let sums = x.batch_norm_stats(Some(&g), Some(&gate)).unwrap();
+                        Tensor::batch_norm_grad_coef(&sums, dtype, &saved, Some(&w), p.count)
+                    }
+                }
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                vec![bits(&coef), bits(&dw), bits(&db)]
+            };
+            let (fused_grad, fused_grad_launches) = counted(&|| backward(true));
+            let (apart_grad, apart_grad_launches) = counted(&|| backward(false));
+            assert_eq!(fused_grad, apart_grad, "backward {what}");
+            // Reading the results back launches nothing; both sides made the same tensors.
+            let fewer = usize::from(channels_last) as u64;
+            assert_eq!(fused_launches + fewer, apart_launches, "forward {what}");
+            assert_eq!(
+                fused_grad_launches + fewer,
+                apart_grad_launches,
+                "backward {what}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_affine_kernels_give_the_same_bits_whatever_the_layout() {
     // The gated backward affine in bf16 three ways: channels-last (the rows kernel, a pack of

@@ -95,6 +95,24 @@ impl View<'_> {
     }
 }
 
+/// [`Backend::batch_norm_stats`] of `x` (with `y` and `gate`) on `backend`, handed to `then`
+/// as the contiguous `[2, C]` view it is: the first half of the statistics-with-coefficients
+/// calls' composition.
+pub fn with_batch_norm_sums<B: Backend + ?Sized, R>(
+    backend: &B,
+    x: View<'_>,
+    y: Option<View<'_>>,
+    gate: Option<View<'_>>,
+    then: impl FnOnce(View<'_>) -> Result<R>,
+) -> Result<R> {
+    let sums = backend.batch_norm_stats(x, y, gate)?;
+    let layout = Layout::contiguous(&[2, x.layout.shape()[1]]);
+    then(View {
+        storage: &sums,
+        layout: &layout,
+    })
+}
+
 /// Host bytes handed to [`Backend::upload`], owned by the backend until the copy has completed.
 #[derive(Debug)]
 pub enum HostBytes {
@@ -1104,6 +1122,42 @@ pub trait Backend: Send + Sync + fmt::Debug {
         Err(TensorError::Backend {
             device: self.name(),
             what: "batch_norm_grad_coef is not implemented".into(),
+        })
+    }
+
+    /// [`batch_norm_stats`](Self::batch_norm_stats) of `x` alone, then
+    /// [`batch_norm_coef`](Self::batch_norm_coef) of its sums: the training forward's
+    /// statistics and coefficients where no collective sits between them (synchronised batch
+    /// norm all-reduces the sums), so a backend may never write the sums — CUDA turns its
+    /// channels-last partial sums into coefficients in one launch. The same bits as the two
+    /// calls; they are the default.
+    fn batch_norm_stats_coef(
+        &self,
+        x: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        with_batch_norm_sums(self, x, None, None, |sums| {
+            self.batch_norm_coef(sums, weight, bias, running, p)
+        })
+    }
+
+    /// The backward's counterpart of [`batch_norm_stats_coef`](Self::batch_norm_stats_coef):
+    /// [`batch_norm_stats`](Self::batch_norm_stats) of `x` with the gradient `g` (and `gate`),
+    /// then [`batch_norm_grad_coef`](Self::batch_norm_grad_coef) of those sums.
+    fn batch_norm_grad_stats_coef(
+        &self,
+        x: View<'_>,
+        g: View<'_>,
+        gate: Option<View<'_>>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        with_batch_norm_sums(self, x, Some(g), gate, |sums| {
+            self.batch_norm_grad_coef(sums, saved, weight, count)
         })
     }
 

@@ -1,7 +1,8 @@
 //! The formulas users expect, checked against hand-computed PyTorch values.
 
 use redline_tensor::{
-    optim, AdamWParams, DType, Device, Pool2dParams, ScalerParams, SgdParams, Tensor, TensorError,
+    optim, AdamWParams, BatchNormCoefParams, DType, Device, Pool2dParams, ScalerParams, SgdParams,
+    Tensor, TensorError,
 };
 
 fn t(values: &[f64], shape: &[usize], dev: &Device) -> Tensor {
@@ -326,4 +327,69 @@ fn a_batch_norm_gate_masks_the_gradient_where_the_relu_was_closed() {
     assert!(
         err(x.batch_norm_apply(Some(&g), &coef, false, Some(&wrong))).contains("need f64 [2, 2]")
     );
+}
+
+/// Statistics with coefficients in one call (the default: the two calls) give the two calls'
+/// values and refuse what either refuses, naming the combined op.
+#[test]
+fn batch_norm_statistics_with_coefficients_are_the_two_calls_and_check_as_they_do() {
+    let dev = Device::reference();
+    let x = t(&[1.0, -1.0, 2.0, 3.0, 0.5, 4.0], &[1, 2, 1, 3], &dev);
+    let g = t(&[0.3, 0.2, -0.1, 0.4, 0.7, -0.6], &[1, 2, 1, 3], &dev);
+    let (w, b) = (t(&[1.5, 0.5], &[2], &dev), t(&[0.1, -0.2], &[2], &dev));
+    let p = BatchNormCoefParams {
+        count: 3.0,
+        eps: 1e-5,
+        momentum: 0.1,
+        residual: false,
+    };
+    let running = || (t(&[0.0, 0.5], &[2], &dev), t(&[1.0, 2.0], &[2], &dev));
+    let values = |ts: &[&Tensor]| -> Vec<Vec<f64>> {
+        ts.iter().map(|t| t.to_vec::<f64>().unwrap()).collect()
+    };
+    let (m1, v1) = running();
+    let (coef, saved) = x
+        .batch_norm_stats_coef(Some(&w), Some(&b), Some((&m1, &v1)), &p)
+        .unwrap();
+    let (m2, v2) = running();
+    let sums = x.batch_norm_stats(None, None).unwrap();
+    let (coef2, saved2) =
+        Tensor::batch_norm_coef(&sums, x.dtype(), Some(&w), Some(&b), Some((&m2, &v2)), &p)
+            .unwrap();
+    assert_eq!(
+        values(&[&coef, &saved, &m1, &v1]),
+        values(&[&coef2, &saved2, &m2, &v2])
+    );
+    let grad = x
+        .batch_norm_grad_stats_coef(&g, None, &saved, Some(&w), 3.0)
+        .unwrap();
+    let sums = x.batch_norm_stats(Some(&g), None).unwrap();
+    let grad2 = Tensor::batch_norm_grad_coef(&sums, x.dtype(), &saved, Some(&w), 3.0).unwrap();
+    assert_eq!(
+        values(&[&grad.0, &grad.1, &grad.2]),
+        values(&[&grad2.0, &grad2.1, &grad2.2])
+    );
+    let err = |e: TensorError| e.to_string();
+    let three = t(&[1.0, 2.0, 3.0], &[3], &dev);
+    let said = err(x
+        .batch_norm_stats_coef(Some(&three), None, None, &p)
+        .unwrap_err());
+    assert!(
+        said.contains("batch_norm_stats_coef") && said.contains("[2]"),
+        "{said}"
+    );
+    let view = t(&[0.0, 0.5, 9.0], &[3], &dev).narrow(0, 0, 2).unwrap();
+    let said = err(x
+        .batch_norm_stats_coef(None, None, Some((&view, &v1)), &p)
+        .unwrap_err());
+    assert!(said.contains("updated in place"), "{said}");
+    let said = err(x
+        .batch_norm_grad_stats_coef(&g, None, &w, None, 3.0)
+        .unwrap_err());
+    assert!(said.contains("saved statistics"), "{said}");
+    let gate = t(&[1.0, 0.0, 1.0, 0.0], &[2, 2], &dev);
+    let wrong_g = t(&[0.0; 4], &[1, 2, 1, 2], &dev);
+    assert!(x
+        .batch_norm_grad_stats_coef(&wrong_g, Some(&gate), &saved, None, 3.0)
+        .is_err());
 }

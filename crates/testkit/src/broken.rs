@@ -284,6 +284,29 @@ impl Backend for Broken {
     ) -> Result<(Storage, Storage, Storage)> {
         self.inner.batch_norm_grad_coef(sums, saved, weight, count)
     }
+    fn batch_norm_stats_coef(
+        &self,
+        x: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        self.inner
+            .batch_norm_stats_coef(x, weight, bias, running, p)
+    }
+    fn batch_norm_grad_stats_coef(
+        &self,
+        x: View<'_>,
+        g: View<'_>,
+        gate: Option<View<'_>>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        self.inner
+            .batch_norm_grad_stats_coef(x, g, gate, saved, weight, count)
+    }
     fn cross_entropy(
         &self,
         logits: View<'_>,

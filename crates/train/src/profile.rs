@@ -836,6 +836,36 @@ impl Backend for OpProfile {
         let f = |b: &dyn Backend| b.batch_norm_grad_coef(sums, saved, weight, count);
         self.timed(Reduction, || "batch_norm_grad_coef".into(), 0, f)
     }
+    fn batch_norm_stats_coef(
+        &self,
+        x: View<'_>,
+        weight: Option<View<'_>>,
+        bias: Option<View<'_>>,
+        running: Option<(&Storage, &Storage)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Storage, Storage)> {
+        let f = |b: &dyn Backend| b.batch_norm_stats_coef(x, weight, bias, running, p);
+        self.timed(Reduction, || "batch_norm_stats_coef".into(), size(&x), f)
+    }
+    fn batch_norm_grad_stats_coef(
+        &self,
+        x: View<'_>,
+        g: View<'_>,
+        gate: Option<View<'_>>,
+        saved: View<'_>,
+        weight: Option<View<'_>>,
+        count: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let label = || {
+            format!(
+                "batch_norm_grad_stats_coef{}",
+                operands(true, gate.is_some())
+            )
+        };
+        let bytes = size(&x) + size(&g) + gate.as_ref().map_or(0, size);
+        let f = |b: &dyn Backend| b.batch_norm_grad_stats_coef(x, g, gate, saved, weight, count);
+        self.timed(Reduction, label, bytes, f)
+    }
     fn cross_entropy(
         &self,
         logits: View<'_>,

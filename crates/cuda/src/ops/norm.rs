@@ -169,6 +169,29 @@ fn stats_rows(
     out: DevicePtr,
     partials: DevicePtr,
 ) -> Result<()> {
+    partial_stats(gpu, plan, x, y, gate, partials)?;
+    let stats = redline_tensor::stats_dtype(x.dtype);
+    let args = KernelArgs::new()
+        .ptr(partials)
+        .i64(plan.chunks as i64)
+        .ptr(out)
+        .i64(plan.channels as i64);
+    let blocks = (2 * plan.channels).min(1 << 16) as u32;
+    let combine = kernels::batch_norm_stats_combine(stats);
+    gpu.launch(&combine, LaunchShape::linear(blocks, THREADS), &args)
+}
+
+/// A channels-last x's partial sums per (channel block, row chunk) into `partials`
+/// ([`RowsPlan::partials`] elements), for the combine or a coefficient op to add up
+/// ([`Sums::Partials`]).
+pub fn partial_stats(
+    gpu: &dyn Gpu,
+    plan: &RowsPlan,
+    x: &Operand,
+    y: Option<&Operand>,
+    gate: Option<DevicePtr>,
+    partials: DevicePtr,
+) -> Result<()> {
     let null = DevicePtr(0);
     let args = KernelArgs::new()
         .ptr(x.ptr)
@@ -182,16 +205,32 @@ fn stats_rows(
         false => "batch_norm_stats_rows",
     };
     let kernel = kernels::batch_norm_stats(name, x.dtype, y.is_some(), gate.is_some());
-    gpu.launch(&kernel, plan.shape(), &args)?;
-    let stats = redline_tensor::stats_dtype(x.dtype);
-    let args = KernelArgs::new()
-        .ptr(partials)
-        .i64(plan.chunks as i64)
-        .ptr(out)
-        .i64(plan.channels as i64);
-    let blocks = (2 * plan.channels).min(1 << 16) as u32;
-    let combine = kernels::batch_norm_stats_combine(stats);
-    gpu.launch(&combine, LaunchShape::linear(blocks, THREADS), &args)
+    gpu.launch(&kernel, plan.shape(), &args)
+}
+
+/// Where batch norm's per-channel math reads its sums.
+#[derive(Clone, Copy, Debug)]
+pub enum Sums {
+    /// A contiguous `[2, C]` ([`stats`]'s output).
+    Whole(DevicePtr),
+    /// [`partial_stats`]' partials of that many chunks, added up in the coefficients' launch
+    /// (a block a channel, in the combine's order: the same bits).
+    Partials(DevicePtr, usize),
+}
+
+impl Sums {
+    /// The coefficient kernel's leading arguments, its launch over `c` channels, and whether
+    /// it adds partials.
+    fn launch(self, c: usize) -> (KernelArgs, LaunchShape, bool) {
+        match self {
+            Sums::Whole(sums) => (KernelArgs::new().ptr(sums), linear_shape(c), false),
+            Sums::Partials(partials, chunks) => (
+                KernelArgs::new().ptr(partials).i64(chunks as i64),
+                LaunchShape::linear(c.min(1 << 16) as u32, THREADS),
+                true,
+            ),
+        }
+    }
 }
 
 /// The affine's packed form, when x, y and out share one dense layout, fill whole 16-byte
@@ -263,14 +302,15 @@ pub fn apply(
     gpu.launch(&kernel("batch_norm_apply"), linear_shape(total), &args)
 }
 
-/// Batch norm's forward coefficients (a thread per channel): `coef` `[3, C]` and `saved`
+/// Batch norm's forward coefficients (a thread per channel, or a block per channel adding
+/// partials): `coef` `[3, C]` and `saved`
 /// `[2, C]` from `sums`, the running statistics updated in place; absent operands are null.
 #[allow(clippy::too_many_arguments)]
 pub fn coef(
     gpu: &dyn Gpu,
     stats: redline_tensor::DType,
     c: usize,
-    sums: DevicePtr,
+    sums: Sums,
     weight: Option<DevicePtr>,
     bias: Option<DevicePtr>,
     running: Option<(DevicePtr, DevicePtr)>,
@@ -282,8 +322,8 @@ pub fn coef(
     }
     let null = DevicePtr(0);
     let (mean, var) = running.unwrap_or((null, null));
-    let args = KernelArgs::new()
-        .ptr(sums)
+    let (args, shape, partials) = sums.launch(c);
+    let args = args
         .ptr(weight.unwrap_or(null))
         .ptr(bias.unwrap_or(null))
         .ptr(mean)
@@ -295,17 +335,17 @@ pub fn coef(
         .f64(p.momentum)
         .i64(i64::from(p.residual))
         .i64(c as i64);
-    let kernel = kernels::batch_norm_coef(stats, false);
-    gpu.launch(&kernel, linear_shape(c), &args)
+    let kernel = kernels::batch_norm_coef(stats, false, partials);
+    gpu.launch(&kernel, shape, &args)
 }
 
-/// Batch norm's backward coefficients (a thread per channel): `coef` `[3, C]`, `dw`, `db`.
+/// Batch norm's backward coefficients (as [`coef`]): `coef` `[3, C]`, `dw`, `db`.
 #[allow(clippy::too_many_arguments)]
 pub fn grad_coef(
     gpu: &dyn Gpu,
     stats: redline_tensor::DType,
     c: usize,
-    sums: DevicePtr,
+    sums: Sums,
     saved: DevicePtr,
     weight: Option<DevicePtr>,
     out: (DevicePtr, DevicePtr, DevicePtr),
@@ -314,8 +354,8 @@ pub fn grad_coef(
     if c == 0 {
         return Ok(());
     }
-    let args = KernelArgs::new()
-        .ptr(sums)
+    let (args, shape, partials) = sums.launch(c);
+    let args = args
         .ptr(saved)
         .ptr(weight.unwrap_or(DevicePtr(0)))
         .ptr(out.0)
@@ -323,8 +363,8 @@ pub fn grad_coef(
         .ptr(out.2)
         .f64(count)
         .i64(c as i64);
-    let kernel = kernels::batch_norm_coef(stats, true);
-    gpu.launch(&kernel, linear_shape(c), &args)
+    let kernel = kernels::batch_norm_coef(stats, true, partials);
+    gpu.launch(&kernel, shape, &args)
 }
 
 #[cfg(test)]

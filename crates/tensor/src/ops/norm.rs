@@ -199,18 +199,7 @@ impl Tensor {
         p: &BatchNormCoefParams,
     ) -> Result<(Tensor, Tensor)> {
         let c = Self::check_coef_operands("batch_norm_coef", sums, dtype, &[weight, bias])?;
-        if let Some((m, v)) = running {
-            Self::check_coef_operands("batch_norm_coef", sums, dtype, &[Some(m), Some(v)])?;
-            let whole = |t: &Tensor| {
-                t.layout().is_contiguous() && t.layout().offset() == 0 && t.storage().len() == c
-            };
-            if !whole(m) || !whole(v) {
-                return Err(TensorError::shape(
-                    "batch_norm_coef: running statistics are updated in place: each must be a \
-                     whole contiguous tensor of its own",
-                ));
-            }
-        }
+        Self::check_running("batch_norm_coef", sums, dtype, c, running)?;
         sums.device().check(Op::Nn(NnOp::BatchNormCoef), dtype)?;
         let dense = |t: Option<&Tensor>| t.map(Tensor::contiguous).transpose();
         let (sums, weight, bias) = (sums.contiguous()?, dense(weight)?, dense(bias)?);
@@ -225,6 +214,89 @@ impl Tensor {
         Ok((
             Tensor::from_storage(coef, Layout::contiguous(&[3, c]), device.clone()),
             Tensor::from_storage(saved, Layout::contiguous(&[2, c]), device),
+        ))
+    }
+
+    /// [`Tensor::batch_norm_stats`] of this tensor alone, then [`Tensor::batch_norm_coef`] of
+    /// its sums, in one backend call ([`crate::Backend::batch_norm_stats_coef`]: on CUDA the
+    /// sums are never written). The same checks and bits as the two calls.
+    pub fn batch_norm_stats_coef(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        running: Option<(&Tensor, &Tensor)>,
+        p: &BatchNormCoefParams,
+    ) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "batch_norm_stats_coef";
+        self.check_channels(OP, None)?;
+        let (dtype, c) = (self.dtype(), self.shape()[1]);
+        Self::check_per_channel(OP, self, dtype, c, &[weight, bias])?;
+        Self::check_running(OP, self, dtype, c, running)?;
+        for op in [NnOp::BatchNormStats, NnOp::BatchNormCoef] {
+            self.device().check(Op::Nn(op), dtype)?;
+        }
+        let dense = |t: Option<&Tensor>| t.map(Tensor::contiguous).transpose();
+        let (weight, bias) = (dense(weight)?, dense(bias)?);
+        let (coef, saved) = self.backend().batch_norm_stats_coef(
+            self.view(),
+            weight.as_ref().map(Tensor::view),
+            bias.as_ref().map(Tensor::view),
+            running.map(|(m, v)| (&**m.storage(), &**v.storage())),
+            p,
+        )?;
+        let device = self.device().clone();
+        Ok((
+            Tensor::from_storage(coef, Layout::contiguous(&[3, c]), device.clone()),
+            Tensor::from_storage(saved, Layout::contiguous(&[2, c]), device),
+        ))
+    }
+
+    /// [`Tensor::batch_norm_stats`] of this tensor with the gradient `g` (and `gate`), then
+    /// [`Tensor::batch_norm_grad_coef`] of those sums, in one backend call
+    /// ([`crate::Backend::batch_norm_grad_stats_coef`]).
+    pub fn batch_norm_grad_stats_coef(
+        &self,
+        g: &Tensor,
+        gate: Option<&Tensor>,
+        saved: &Tensor,
+        weight: Option<&Tensor>,
+        count: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        const OP: &str = "batch_norm_grad_stats_coef";
+        self.check_channels(OP, Some(g))?;
+        let gate = self.check_gate(OP, Some(g), gate)?;
+        let (dtype, c) = (self.dtype(), self.shape()[1]);
+        Self::check_per_channel(OP, self, dtype, c, &[weight])?;
+        let sd = stats_dtype(dtype);
+        if saved.shape() != [2, c] || saved.dtype() != sd {
+            return Err(TensorError::shape(format!(
+                "{OP}: saved statistics {} {:?} for {c} channels (need {sd} [2, {c}])",
+                saved.dtype(),
+                saved.shape()
+            )));
+        }
+        self.same_device(saved, OP)?;
+        for op in [NnOp::BatchNormStats, NnOp::BatchNormGradCoef] {
+            self.device().check(Op::Nn(op), dtype)?;
+        }
+        let (saved, weight) = (
+            saved.contiguous()?,
+            weight.map(Tensor::contiguous).transpose()?,
+        );
+        let (coef, dw, db) = self.backend().batch_norm_grad_stats_coef(
+            self.view(),
+            g.view(),
+            gate.as_ref().map(Tensor::view),
+            saved.view(),
+            weight.as_ref().map(Tensor::view),
+            count,
+        )?;
+        let device = self.device().clone();
+        let channel = |s| Tensor::from_storage(s, Layout::contiguous(&[c]), device.clone());
+        Ok((
+            Tensor::from_storage(coef, Layout::contiguous(&[3, c]), device.clone()),
+            channel(dw),
+            channel(db),
         ))
     }
 
@@ -285,8 +357,22 @@ impl Tensor {
                 sums.shape()
             )));
         }
+        Self::check_per_channel(op, sums, dtype, c, per_channel)?;
+        Ok(c)
+    }
+
+    /// Checks per-channel operands of a coefficient op for `c` channels of `dtype` activations:
+    /// `[C]` of its stats dtype, on `like`'s device.
+    fn check_per_channel(
+        op: &str,
+        like: &Tensor,
+        dtype: DType,
+        c: usize,
+        per_channel: &[Option<&Tensor>],
+    ) -> Result<()> {
+        let sd = stats_dtype(dtype);
         for t in per_channel.iter().flatten() {
-            sums.same_device(t, op)?;
+            like.same_device(t, op)?;
             if t.shape() != [c] || t.dtype() != sd {
                 return Err(TensorError::shape(format!(
                     "{op}: a per-channel operand {} {:?} (need {sd} [{c}])",
@@ -295,7 +381,32 @@ impl Tensor {
                 )));
             }
         }
-        Ok(c)
+        Ok(())
+    }
+
+    /// Checks the running statistics a coefficient op updates in place: per-channel operands
+    /// ([`Tensor::check_per_channel`]), each a whole contiguous tensor of its own.
+    fn check_running(
+        op: &str,
+        like: &Tensor,
+        dtype: DType,
+        c: usize,
+        running: Option<(&Tensor, &Tensor)>,
+    ) -> Result<()> {
+        let Some((m, v)) = running else {
+            return Ok(());
+        };
+        Self::check_per_channel(op, like, dtype, c, &[Some(m), Some(v)])?;
+        let whole = |t: &Tensor| {
+            t.layout().is_contiguous() && t.layout().offset() == 0 && t.storage().len() == c
+        };
+        if !whole(m) || !whole(v) {
+            return Err(TensorError::shape(format!(
+                "{op}: running statistics are updated in place: each must be a whole \
+                 contiguous tensor of its own"
+            )));
+        }
+        Ok(())
     }
 
     /// A gate for `op`: only beside `y`, `[2, C]` of the stats dtype on x's device; made
@@ -375,7 +486,6 @@ impl Tensor {
                 .as_ref()
                 .is_none_or(|r| r.mean.dtype() == sd && r.var.dtype() == sd);
         let (coef, saved) = no_grad(|| -> Result<_> {
-            let sums = x.batch_norm_stats(None, None)?;
             if coef_op {
                 let p = BatchNormCoefParams {
                     count: n,
@@ -384,15 +494,9 @@ impl Tensor {
                     residual: residual.is_some(),
                 };
                 let stats = running.as_ref().map(|r| (r.mean, r.var));
-                return Tensor::batch_norm_coef(
-                    &sums,
-                    x.dtype(),
-                    w.as_ref(),
-                    b.as_ref(),
-                    stats,
-                    &p,
-                );
+                return x.batch_norm_stats_coef(w.as_ref(), b.as_ref(), stats, &p);
             }
+            let sums = x.batch_norm_stats(None, None)?;
             let mean = row(&sums, 0)?.mul_scalar(1.0 / n)?;
             let var = row(&sums, 1)?
                 .mul_scalar(1.0 / n)?
@@ -451,10 +555,10 @@ impl Tensor {
             };
             let g = masked.as_ref().or(relaid.as_ref()).unwrap_or(g);
             let gate = gate.as_ref();
-            let sums = x.batch_norm_stats(Some(g), gate)?;
             let (coef, dw, db) = if coef_op {
-                Tensor::batch_norm_grad_coef(&sums, x.dtype(), &saved, w.as_ref(), n)?
+                x.batch_norm_grad_stats_coef(g, gate, &saved, w.as_ref(), n)?
             } else {
+                let sums = x.batch_norm_stats(Some(g), gate)?;
                 let (mean, rstd) = (row(&saved, 0)?, row(&saved, 1)?);
                 let (sum_g, sum_xg) = (row(&sums, 0)?, row(&sums, 1)?);
                 // Σ (x - mean)·g, and the input gradient's per-channel coefficients:
