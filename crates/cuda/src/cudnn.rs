@@ -143,6 +143,8 @@ struct Prepared {
     y: sys::cudnnTensorDescriptor_t,
     conv: sys::cudnnConvolutionDescriptor_t,
     chosen: Chosen,
+    /// Calls enqueued with it so far: a stage's report tells the plans it ran by their change.
+    runs: std::sync::atomic::AtomicU64,
 }
 
 /// The algorithm a plan runs, and where it came from.
@@ -395,9 +397,13 @@ impl Cudnn {
     }
 
     /// Each prepared plan's algorithm, sorted: the plan's key, the algorithm and math type,
-    /// its workspace, Find's milliseconds where measured, and how it was chosen — what a slow
-    /// convolution on a GPU is read against.
+    /// its workspace, Find's milliseconds where measured, how it was chosen and how many calls
+    /// ran it so far — what a slow convolution on a GPU is read against. None once cuDNN
+    /// cannot run here (every plan is refused: [`Cudnn::refusals`]).
     pub fn choices(&self) -> Vec<String> {
+        if !self.usable() {
+            return Vec::new();
+        }
         let mut out: Vec<String> = self
             .plans
             .prepared()
@@ -408,12 +414,13 @@ impl Cudnn {
                     .millis
                     .map_or("unmeasured".into(), |ms| format!("{ms} ms"));
                 format!(
-                    "{}: {} ({:?}), {} B workspace, {millis}, {}",
+                    "{}: {} ({:?}), {} B workspace, {millis}, {}, {} runs",
                     algorithms::key(&plan, self.deterministic),
                     c.algo.name(),
                     c.math,
                     c.workspace,
-                    c.how
+                    c.how,
+                    p.runs.load(std::sync::atomic::Ordering::Relaxed)
                 )
             })
             .collect();
@@ -535,6 +542,7 @@ impl Cudnn {
                 how: "",
                 ranking: None,
             },
+            runs: Default::default(),
         };
         let chosen = self.choose(plan, &prepared, may_measure)?;
         // SAFETY: the descriptor made above; the math type cuDNN reported for the algorithm.
@@ -803,6 +811,9 @@ impl Cudnn {
                     h, one, p.x, ptr(x), p.y, ptr(y), c, a, ws.0, ws.1, zero, p.w, ptr(w)),
             }
         };
+        if enqueued.is_ok() {
+            p.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         enqueued.map_err(|e| {
             let why = status(&format!("{:?}", plan.direction), e);
             match (verdict(&e), capturing) {

@@ -276,7 +276,7 @@ fn batch_norm_statistics_and_coefficients_in_one_call_take_a_launch_fewer_with_t
         ([2, 36, 3, 3], true),
         ([2, 16, 3, 8], false),
     ];
-    for dtype in [DType::BF16, DType::F32] {
+    for dtype in [DType::BF16, DType::F32, DType::F64] {
         for (shape, channels_last) in cases {
             let what = format!("{dtype} {shape:?} channels-last {channels_last}");
             let (n, c) = (shape.iter().product::<usize>(), shape[1]);
@@ -305,8 +305,15 @@ fn batch_norm_statistics_and_coefficients_in_one_call_take_a_launch_fewer_with_t
             let gate = Tensor::from_slice(&ramp(2 * c, 0.01), &[2, c], &d)
                 .and_then(|t| t.cast(sd))
                 .unwrap();
-            let bits = |t: &Tensor| t.to_f64_vec().unwrap();
-            let counted = |f: &dyn Fn() -> Vec<Vec<f64>>| {
+            // Bit patterns: -0 and +0 differ.
+            let bits = |t: &Tensor| -> Vec<u64> {
+                t.to_f64_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            let counted = |f: &dyn Fn() -> Vec<Vec<u64>>| {
                 let before = emulator.launches();
                 let out = f();
                 (out, emulator.launches() - before)

@@ -1126,11 +1126,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
 
     /// [`batch_norm_stats`](Self::batch_norm_stats) of `x` alone, then
-    /// [`batch_norm_coef`](Self::batch_norm_coef) of its sums: the training forward's
-    /// statistics and coefficients where no collective sits between them (synchronised batch
-    /// norm all-reduces the sums), so a backend may never write the sums — CUDA turns its
-    /// channels-last partial sums into coefficients in one launch. The same bits as the two
-    /// calls; they are the default.
+    /// [`batch_norm_coef`](Self::batch_norm_coef) of its sums: the fused training forward's
+    /// statistics and coefficients in one call, so a backend may never write the sums — CUDA
+    /// turns its channels-last partial sums into coefficients in one launch. The same bits as
+    /// the two calls; they are the default.
     fn batch_norm_stats_coef(
         &self,
         x: View<'_>,

@@ -387,9 +387,14 @@ fn batch_norm_statistics_with_coefficients_are_the_two_calls_and_check_as_they_d
         .batch_norm_grad_stats_coef(&g, None, &w, None, 3.0)
         .unwrap_err());
     assert!(said.contains("saved statistics"), "{said}");
-    let gate = t(&[1.0, 0.0, 1.0, 0.0], &[2, 2], &dev);
     let wrong_g = t(&[0.0; 4], &[1, 2, 1, 2], &dev);
     assert!(x
-        .batch_norm_grad_stats_coef(&wrong_g, Some(&gate), &saved, None, 3.0)
+        .batch_norm_grad_stats_coef(&wrong_g, None, &saved, None, 3.0)
         .is_err());
+    // The gate's own checks: [2, C] of the stats dtype.
+    let wrong_gate = t(&[1.0, 0.0, 1.0], &[3, 1], &dev);
+    let said = err(x
+        .batch_norm_grad_stats_coef(&g, Some(&wrong_gate), &saved, None, 3.0)
+        .unwrap_err());
+    assert!(said.contains("need f64 [2, 2]"), "{said}");
 }

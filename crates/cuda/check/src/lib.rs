@@ -322,7 +322,7 @@ pub fn run(options: &Options) -> bool {
             let mut report = speed::stage(&device, &name, &speed, &sides)?;
             report["memory"] = json!(backend.memory_stats().to_string());
             // Whether cuDNN and cuBLASLt ran the stage's convolutions and matmuls, or our
-            // kernels did, and which algorithm each of cuDNN's plans ran.
+            // kernels did, and which algorithm each of cuDNN's plans the stage ran has.
             report["libraries"] = libraries_since(&before, libraries(&**backend.gpu()));
             // The 3-channel stem run as 4 for cuDNN (REDLINE_CUDNN_PAD_STEM=0: as it is).
             report["stem_padded_to_4_channels"] = json!(backend.gpu().pads_stem_channels());
@@ -434,8 +434,8 @@ fn libraries(gpu: &dyn Gpu) -> Value {
     Value::Object(out)
 }
 
-/// `now`'s libraries with only the plans prepared and refused since `before` (both from
-/// [`libraries`]).
+/// `now`'s libraries with only the plans refused since `before` and those run since (both from
+/// [`libraries`]: a plan's line carries its run count, so one the stage ran again changed).
 fn libraries_since(before: &Value, mut now: Value) -> Value {
     const LISTS: [&str; 2] = ["plans", "refused_plans_on_our_kernels"];
     if let Some(libraries) = now.as_object_mut() {
@@ -1019,18 +1019,21 @@ mod tests {
         let _ = std::fs::remove_file(&json);
     }
 
-    /// The speed stage names only the plans prepared and refused while it ran, not
-    /// conformance's.
+    /// The speed stage names only the plans refused and run while it ran, not conformance's.
     #[test]
     fn plans_before_a_stage_are_not_its_own() {
         let before = json!({
-            "cuDNN": {"version": "9", "plans": ["odd: ALGO_0"], "refused_plans_on_our_kernels": ["odd conv"]},
+            "cuDNN": {
+                "version": "9",
+                "plans": ["odd: ALGO_0, 2 runs", "shared: ALGO_2, 1 runs"],
+                "refused_plans_on_our_kernels": ["odd conv"],
+            },
             "cuBLASLt": {"not_used": "absent"},
         });
         let now = json!({
             "cuDNN": {
                 "version": "9",
-                "plans": ["odd: ALGO_0", "stem: ALGO_1"],
+                "plans": ["odd: ALGO_0, 2 runs", "shared: ALGO_2, 9 runs", "stem: ALGO_1, 8 runs"],
                 "refused_plans_on_our_kernels": ["odd conv", "stem conv"],
             },
             "cuBLASLt": {"not_used": "absent"},
@@ -1040,7 +1043,11 @@ mod tests {
             since["cuDNN"]["refused_plans_on_our_kernels"],
             json!(["stem conv"])
         );
-        assert_eq!(since["cuDNN"]["plans"], json!(["stem: ALGO_1"]));
+        // A plan an earlier stage prepared and this one ran again is its too.
+        assert_eq!(
+            since["cuDNN"]["plans"],
+            json!(["shared: ALGO_2, 9 runs", "stem: ALGO_1, 8 runs"])
+        );
         assert_eq!(since["cuDNN"]["version"], "9");
         assert_eq!(since["cuBLASLt"]["not_used"], "absent");
     }
