@@ -308,13 +308,14 @@ fn acceptable(
 
 /// The best-ranked candidate that is [`acceptable`] and not one cuDNN rejected when it ran.
 fn first_acceptable(
-    ranked: Vec<(Algo, Candidate)>,
+    ranked: &[(Algo, Candidate)],
     dtype: DType,
     deterministic: bool,
     rejected: &[Algo],
 ) -> Option<(Algo, Candidate)> {
     ranked
-        .into_iter()
+        .iter()
+        .copied()
         .find(|&(algo, (s, memory, det, math, _))| {
             acceptable(dtype, deterministic, s, memory, det, math) && !rejected.contains(&algo)
         })
@@ -574,7 +575,7 @@ impl Cudnn {
         // A search that fails (a symbol missing, memory for its trials) or finds nothing
         // acceptable falls back to the heuristic; the plan still runs, and a failure is
         // reported (`choosing`). After a rejection, its ranking is walked on instead.
-        let first = match setback.ranking.clone() {
+        let first = match setback.ranking {
             Some(ranking) => Some(ranking),
             None if cache.is_some() && may_measure => match self.ranked(plan, p, true) {
                 Ok(candidates) => Some(Ranking {
@@ -595,14 +596,8 @@ impl Cudnn {
                 measured: false,
             })
         };
-        let accept = |r: &Ranking| {
-            first_acceptable(
-                r.candidates.clone(),
-                plan.dtype,
-                self.deterministic,
-                rejected,
-            )
-        };
+        let accept =
+            |r: &Ranking| first_acceptable(&r.candidates, plan.dtype, self.deterministic, rejected);
         let ((algo, (_, memory, _, math, millis)), ranking) =
             next_choice(first, heuristic, accept)?.ok_or_else(|| {
                 let kind = if self.deterministic {
@@ -907,7 +902,7 @@ mod tests {
             candidate(F::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT, ok, 0),
         ];
         let pick = |rejected: &[Algo]| {
-            first_acceptable(ranked.clone(), DType::BF16, false, rejected).map(|(a, _)| a)
+            first_acceptable(&ranked, DType::BF16, false, rejected).map(|(a, _)| a)
         };
         let fft = Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_FFT);
         let implicit = Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
@@ -947,7 +942,7 @@ mod tests {
                     asked.set(true);
                     Ok(ranking(&[direct, gemm], false))
                 },
-                |r| first_acceptable(r.candidates.clone(), DType::F16, false, &rejected),
+                |r| first_acceptable(&r.candidates, DType::F16, false, &rejected),
             )
             .unwrap()
             .map(|((algo, _), r)| (algo, r.measured));
