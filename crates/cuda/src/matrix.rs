@@ -25,6 +25,8 @@ pub fn supports(op: Op, dtype: DType) -> bool {
             | NnOp::BatchNormApply
             | NnOp::BatchNormCoef
             | NnOp::BatchNormGradCoef
+            | NnOp::BatchNormStatsCoef
+            | NnOp::BatchNormGradStatsCoef
             | NnOp::MaxPool2d
             | NnOp::MaxPool2dGrad
             | NnOp::AvgPool2d

@@ -504,6 +504,11 @@ op_enum!(
         /// Batch norm's per-channel input-gradient coefficients and its weight and bias
         /// gradients from the backward's sums, in one launch.
         BatchNormGradCoef => "batch_norm_grad_coef",
+        /// `batch_norm_stats` then `batch_norm_coef` in one call: a training norm's forward
+        /// statistics and coefficients (CUDA never writes the sums of a channels-last input).
+        BatchNormStatsCoef => "batch_norm_stats_coef",
+        /// `batch_norm_stats` of the gradient then `batch_norm_grad_coef`, in one call.
+        BatchNormGradStatsCoef => "batch_norm_grad_stats_coef",
         /// Label-smoothed cross-entropy with its softmax, and the logits' gradient, in one
         /// pass over the logits.
         CrossEntropy => "cross_entropy",

@@ -81,16 +81,31 @@ pub struct Case {
     pub pool: Option<Pool2dParams>,
     /// Batch-norm apply with its fused ReLU.
     pub relu: bool,
-    /// Batch-norm stats or apply whose last input is a `[2, C]` gate on the second operand.
+    /// A batch-norm stats, apply or gradient-statistics case whose last input is a `[2, C]`
+    /// gate on the second operand.
     pub gate: bool,
-    /// The batch-norm coefficient ops' optional operands: bit 0 weight, 1 bias, 2 running
-    /// statistics, 3 a residual (forward); bit 0 weight (backward). The inputs are always all
-    /// there; the op is given those the bits name.
+    /// The batch-norm coefficient ops' optional operands (with or without the statistics):
+    /// bit 0 weight, 1 bias, 2 running statistics, 3 a residual (forward); bit 0 weight
+    /// (backward). The inputs are always all there; the op is given those the bits name.
     pub operands: u8,
 }
 
 /// Elements per channel the batch-norm coefficient cases assume.
 const COEF_COUNT: f64 = 6.0;
+
+/// Elements per channel of `x` `[N, C, ..]`.
+fn per_channel(x: &Tensor) -> f64 {
+    (x.numel() / x.shape()[1].max(1)) as f64
+}
+
+/// Several outputs as one flat tensor, for one comparison.
+fn flat_concat(parts: &[Tensor]) -> Result<Tensor> {
+    let flat = parts
+        .iter()
+        .map(Tensor::flatten)
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::concat(&flat.iter().collect::<Vec<_>>(), 0)
+}
 
 impl Case {
     /// A case without convolution or pooling geometry.
@@ -244,34 +259,50 @@ impl Case {
                 };
                 x[0].batch_norm_apply(y, coef, self.relu, gate)
             }
-            NnOp::BatchNormCoef => {
-                // x: sums, weight, bias, running mean, running variance (updated: copies).
+            NnOp::BatchNormCoef | NnOp::BatchNormStatsCoef => {
+                // x: sums (or the activations themselves), weight, bias, running mean, running
+                // variance (updated: copies).
                 let has = |bit: u8| self.operands & (1 << bit) != 0;
                 let (mean, var) = (x[3].contiguous_copy()?, x[4].contiguous_copy()?);
+                let with_sums = op == NnOp::BatchNormCoef;
                 let p = BatchNormCoefParams {
-                    count: COEF_COUNT,
+                    count: if with_sums {
+                        COEF_COUNT
+                    } else {
+                        per_channel(&x[0])
+                    },
                     eps: 1e-5,
                     momentum: 0.1,
                     residual: has(3),
                 };
-                let (coef, saved) = Tensor::batch_norm_coef(
-                    &x[0],
-                    self.dtype,
-                    has(0).then_some(&x[1]),
-                    has(1).then_some(&x[2]),
-                    has(2).then_some((&mean, &var)),
-                    &p,
-                )?;
-                let parts = [coef, saved, mean, var].map(|t| t.flatten());
-                let parts = parts.into_iter().collect::<Result<Vec<_>>>()?;
-                Tensor::concat(&parts.iter().collect::<Vec<_>>(), 0)
+                let (weight, bias) = (has(0).then_some(&x[1]), has(1).then_some(&x[2]));
+                let running = has(2).then_some((&mean, &var));
+                let (coef, saved) = if with_sums {
+                    Tensor::batch_norm_coef(&x[0], self.dtype, weight, bias, running, &p)?
+                } else {
+                    x[0].batch_norm_stats_coef(weight, bias, running, &p)?
+                };
+                flat_concat(&[coef, saved, mean, var])
             }
             NnOp::BatchNormGradCoef => {
                 // x: sums, saved [mean; rstd], weight.
                 let weight = (self.operands & 1 != 0).then_some(&x[2]);
                 let (coef, dw, db) =
                     Tensor::batch_norm_grad_coef(&x[0], self.dtype, &x[1], weight, COEF_COUNT)?;
-                Tensor::concat(&[&coef.flatten()?, &dw, &db], 0)
+                flat_concat(&[coef, dw, db])
+            }
+            NnOp::BatchNormGradStatsCoef => {
+                // x: the activations, their gradient, saved [mean; rstd], weight (, gate).
+                let weight = (self.operands & 1 != 0).then_some(&x[3]);
+                let gate = self.gate.then(|| &x[4]);
+                let (coef, dw, db) = x[0].batch_norm_grad_stats_coef(
+                    &x[1],
+                    gate,
+                    &x[2],
+                    weight,
+                    per_channel(&x[0]),
+                )?;
+                flat_concat(&[coef, dw, db])
             }
             NnOp::NormalizeInput => Tensor::normalize_input(
                 &x[0],

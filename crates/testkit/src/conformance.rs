@@ -58,8 +58,11 @@ impl Report {
 
     /// The (op, dtype) matrix: ✓ passed, ✗ failed, · refused (undeclared), blank n/a.
     pub fn matrix(&self) -> String {
+        // The op column as wide as the longest name, and two spaces.
+        let width = self.cells.iter().map(|(op, ..)| op.name().len()).max();
+        let width = width.unwrap_or(0).max(2) + 2;
         let mut out = format!(
-            "conformance of {} against the reference\n{:<20}",
+            "conformance of {} against the reference\n{:<width$}",
             self.device, "op"
         );
         for d in DType::ALL {
@@ -69,7 +72,7 @@ impl Report {
         for (op, _, cell) in &self.cells {
             if current != Some(*op) {
                 current = Some(*op);
-                let _ = write!(out, "\n{:<20}", op.name());
+                let _ = write!(out, "\n{:<width$}", op.name());
             }
             let mark = match cell {
                 Cell::Passed => "✓",

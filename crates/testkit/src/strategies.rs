@@ -465,6 +465,55 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                 ..make(vec![sums, saved, w], vec![])
             })
             .boxed(),
+        // x [N ≥ 2, C, ..] (≥ 2 elements a channel, distinct: the variance stays well
+        // conditioned in f32 whatever the summation order or FMA contraction), then [C] weight,
+        // bias, running mean and (positive) running variance, each used or not.
+        NnOp::BatchNormStatsCoef => (shape(2..=4), 0u8..16)
+            .prop_flat_map(move |(mut s, operands)| {
+                s[0] = s[0].max(2);
+                let channel = |domain, salt| input(vec![s[1]], stats_dtype(dtype), domain, salt);
+                (
+                    input(s.clone(), dtype, Domain::Distinct, 0),
+                    (channel(Domain::Any, 1), channel(Domain::Any, 2)),
+                    (channel(Domain::Any, 3), channel(Domain::Positive, 4)),
+                    Just(operands),
+                )
+            })
+            .prop_map(move |(x, (w, b), (m, v), operands)| Case {
+                operands,
+                ..make(vec![x, w, b, m, v], vec![])
+            })
+            .boxed(),
+        // x [N, C, ..] and its gradient, the forward's [mean; rstd] (rstd > 0), a [C] weight
+        // used or not, and optionally a [2, C] gate on the gradient.
+        NnOp::BatchNormGradStatsCoef => (shape(2..=4), 0u8..2, proptest::bool::ANY)
+            .prop_flat_map(move |(s, operands, gated)| {
+                let sd = stats_dtype(dtype);
+                (
+                    (
+                        input(s.clone(), dtype, Domain::Any, 0),
+                        input(s.clone(), dtype, Domain::Any, 1),
+                    ),
+                    (
+                        input(vec![2, s[1]], sd, Domain::Positive, 2),
+                        input(vec![s[1]], sd, Domain::Any, 3),
+                        input(vec![2, s[1]], sd, Domain::Any, 4),
+                    ),
+                    Just((operands, gated)),
+                )
+            })
+            .prop_map(move |((x, g), (saved, w, gate), (operands, gated))| {
+                let mut inputs = vec![x, g, saved, w];
+                if gated {
+                    inputs.push(gate);
+                }
+                Case {
+                    operands,
+                    gate: gated,
+                    ..make(inputs, vec![])
+                }
+            })
+            .boxed(),
         NnOp::CrossEntropy => (1usize..=4, 1usize..=6)
             .prop_flat_map(move |(n, c)| (input(vec![n, c], dtype, Domain::Any, 0), targets(n, c)))
             .prop_map(move |(x, t)| make(vec![x, t], vec![]))

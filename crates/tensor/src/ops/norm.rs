@@ -131,11 +131,17 @@ impl Tensor {
     }
 
     /// Whether this backend computes batch norm's per-channel coefficients in one launch each
-    /// way for this dtype.
+    /// way for this dtype, with the statistics in the same call (the last two are by default
+    /// `batch_norm_stats` then one of the first two).
     fn coef_ops(&self) -> bool {
-        [NnOp::BatchNormCoef, NnOp::BatchNormGradCoef]
-            .iter()
-            .all(|&op| self.device().backend().supports(Op::Nn(op), self.dtype()))
+        [
+            NnOp::BatchNormCoef,
+            NnOp::BatchNormGradCoef,
+            NnOp::BatchNormStatsCoef,
+            NnOp::BatchNormGradStatsCoef,
+        ]
+        .iter()
+        .all(|&op| self.device().backend().supports(Op::Nn(op), self.dtype()))
     }
 
     /// Whether training batch norm runs fused on this tensor: its backend has the two fused
@@ -232,9 +238,8 @@ impl Tensor {
         let (dtype, c) = (self.dtype(), self.shape()[1]);
         Self::check_per_channel(OP, self, dtype, c, &[weight, bias])?;
         Self::check_running(OP, self, dtype, c, running)?;
-        for op in [NnOp::BatchNormStats, NnOp::BatchNormCoef] {
-            self.device().check(Op::Nn(op), dtype)?;
-        }
+        self.device()
+            .check(Op::Nn(NnOp::BatchNormStatsCoef), dtype)?;
         let dense = |t: Option<&Tensor>| t.map(Tensor::contiguous).transpose();
         let (weight, bias) = (dense(weight)?, dense(bias)?);
         let (coef, saved) = self.backend().batch_norm_stats_coef(
@@ -276,9 +281,8 @@ impl Tensor {
             )));
         }
         self.same_device(saved, OP)?;
-        for op in [NnOp::BatchNormStats, NnOp::BatchNormGradCoef] {
-            self.device().check(Op::Nn(op), dtype)?;
-        }
+        self.device()
+            .check(Op::Nn(NnOp::BatchNormGradStatsCoef), dtype)?;
         let (saved, weight) = (
             saved.contiguous()?,
             weight.map(Tensor::contiguous).transpose()?,
