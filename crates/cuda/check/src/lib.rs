@@ -345,7 +345,10 @@ pub fn run(options: &Options) -> bool {
         });
     }
     // Again at the end: which plans the libraries refused over the whole run (on our kernels).
-    journal.set("libraries_at_end", libraries(&**backend.gpu()));
+    journal.set(
+        "libraries_at_end",
+        plans_counted(libraries(&**backend.gpu())),
+    );
     journal.set("memory", json!(backend.memory_stats().to_string()));
     journal.set("passed", json!(passed));
     journal.set("seconds", json!(started.elapsed().as_secs_f64()));
@@ -442,13 +445,30 @@ fn libraries_since(before: &Value, mut now: Value) -> Value {
         for (name, library) in libraries.iter_mut() {
             for list in LISTS {
                 let earlier = before[name.as_str()][list].as_array().cloned();
-                if let (Some(now), Some(earlier)) = (library[list].as_array_mut(), earlier) {
+                // `get_mut`, not indexing: a library without the list must not gain a null.
+                let now = library.get_mut(list).and_then(Value::as_array_mut);
+                if let (Some(now), Some(earlier)) = (now, earlier) {
                     now.retain(|plan| !earlier.contains(plan));
                 }
             }
         }
     }
     now
+}
+
+/// `libraries` with each library's plan list (every shape of every stage: conformance's odd
+/// ones are hundreds of lines) cut to its length; the speed stage lists its own plans.
+fn plans_counted(mut libraries: Value) -> Value {
+    if let Some(libraries) = libraries.as_object_mut() {
+        for library in libraries.values_mut() {
+            if let Some(object) = library.as_object_mut() {
+                if let Some(Value::Array(plans)) = object.remove("plans") {
+                    object.insert("plans_prepared".into(), json!(plans.len()));
+                }
+            }
+        }
+    }
+    libraries
 }
 
 /// The ops cuBLASLt and cuDNN serve, which also have our own kernels.
@@ -1049,7 +1069,16 @@ mod tests {
             json!(["shared: ALGO_2, 9 runs", "stem: ALGO_1, 8 runs"])
         );
         assert_eq!(since["cuDNN"]["version"], "9");
-        assert_eq!(since["cuBLASLt"]["not_used"], "absent");
+        assert_eq!(since["cuBLASLt"], json!({"not_used": "absent"}));
+        // At the end of the run: how many plans, the refusals in full.
+        let end = plans_counted(since);
+        assert_eq!(end["cuDNN"]["plans_prepared"], 2);
+        assert!(end["cuDNN"].get("plans").is_none());
+        assert_eq!(
+            end["cuDNN"]["refused_plans_on_our_kernels"],
+            json!(["stem conv"])
+        );
+        assert_eq!(end["cuBLASLt"], json!({"not_used": "absent"}));
     }
 
     /// A stage that fails (or is ended by its timeout) keeps what it reported on the way in the
