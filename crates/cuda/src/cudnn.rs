@@ -207,6 +207,9 @@ pub struct Cudnn {
     find_failures: Mutex<Vec<String>>,
     /// Algorithms cuDNN rejected when they ran, per plan: never chosen for it again.
     setbacks: Mutex<HashMap<ConvPlan, Setback>>,
+    /// Plans whose algorithm cuDNN would not run with β = 1 (adding into the written
+    /// operand): their callers add separately; the plan itself keeps its algorithm.
+    no_accumulate: Mutex<std::collections::HashSet<ConvPlan>>,
 }
 
 /// Where measured algorithm choices are kept, when they are measured at all.
@@ -389,6 +392,7 @@ impl Cudnn {
             plans: PlanCache::default(),
             find_failures: Default::default(),
             setbacks: Default::default(),
+            no_accumulate: Default::default(),
         })
     }
 
@@ -708,6 +712,8 @@ impl Cudnn {
             }};
         }
         let h = self.handle;
+        // Find, not FindEx: it measures on buffers of its own, never on the call's operands —
+        // the first call of a plan may be adding into a gradient (β = 1) that must survive.
         // SAFETY: descriptors from `prepare`; each output array holds the requested count, and
         // zeroed perf structs are valid (every enum has a 0 variant).
         #[rustfmt::skip]
@@ -767,14 +773,22 @@ impl Cudnn {
     /// call cuDNN rejects as not for the plan sets its algorithm aside and asks for the call
     /// again ([`Declined::Retry`]: the plan has the next-ranked algorithm, or none and is
     /// refused), and a status saying cuDNN cannot run here refuses every plan; any other
-    /// failure is [`Declined::Failed`]. Nothing was enqueued either way.
+    /// failure is [`Declined::Failed`]. Nothing was enqueued either way. With `accumulate`
+    /// the written operand gets the result added (β = 1); an algorithm that will not do that
+    /// is not set aside: that plan's additions are refused ([`Declined::Refused`]) from then on,
+    /// and its plain calls go on as before.
     pub fn run(
         &self,
         plan: &ConvPlan,
         [x, w, y]: [DevicePtr; 3],
         (workspace, workspace_bytes): (DevicePtr, usize),
         capturing: bool,
+        accumulate: bool,
     ) -> Result<(), Declined> {
+        let no_accumulate = || self.no_accumulate.lock().unwrap_or_else(|p| p.into_inner());
+        if accumulate && no_accumulate().contains(plan) {
+            return Err(Declined::Refused);
+        }
         // Prepared by `workspace_for` already (an error: refused). Gone, or wanting more
         // workspace, when another thread set its algorithm aside since: ask again, which
         // prepares its successor (never here, where it could not be measured).
@@ -784,7 +798,9 @@ impl Cudnn {
             Some(Ok(p)) if p.chosen.workspace > workspace_bytes => return Err(Declined::Retry),
             Some(Ok(p)) => p,
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Scaling factors are f32 for every data type but f64 (cuDNN's rule), and f64 runs on
+        // our kernels.
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         let (one, zero) = (
             (&alpha as *const f32).cast::<c_void>(),
             (&beta as *const f32).cast::<c_void>(),
@@ -793,7 +809,7 @@ impl Cudnn {
         let ws = (ptr(workspace), p.chosen.workspace);
         // SAFETY: descriptors from `prepare` describe the operands at these pointers (the
         // launcher built the plan from their layouts); the workspace holds `p.chosen.workspace` bytes.
-        // Each call reads two operands and writes the third (alpha = 1, beta = 0).
+        // Each call reads two operands and writes the third (alpha = 1; beta = 0, or 1 to add).
         #[rustfmt::skip]
         let enqueued = unsafe {
             let (h, c) = (self.handle, p.conv);
@@ -812,6 +828,11 @@ impl Cudnn {
         enqueued.map_err(|e| {
             let why = status(&format!("{:?}", plan.direction), e);
             match (verdict(&e), capturing) {
+                // β = 1 is what this algorithm would not take: the caller adds instead.
+                (Verdict::NotForPlan, _) if accumulate => {
+                    no_accumulate().insert(*plan);
+                    Declined::Refused
+                }
                 (Verdict::NotForPlan, false) => {
                     self.set_aside(plan, &p);
                     Declined::Retry

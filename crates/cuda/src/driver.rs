@@ -154,6 +154,10 @@ pub struct DriverOptions {
     /// The 3-channel stem convolution handed to cuDNN as it is, not padded to 4 channels
     /// (`REDLINE_CUDNN_PAD_STEM=0`): to measure what the padding gains.
     pub stem_unpadded: bool,
+    /// A convolution's input gradient written fresh and then added to the gradient waiting
+    /// for it, not added by cuDNN in place (β = 1; `REDLINE_CUDNN_ACCUMULATE=0`): to measure
+    /// what the in-place addition gains, or to rule it out.
+    pub no_accumulate: bool,
 }
 
 impl DriverOptions {
@@ -165,6 +169,7 @@ impl DriverOptions {
             cudnn_heuristic: std::env::var("REDLINE_CUDNN_FIND").is_ok_and(|v| v == "0"),
             launch_blocking: on("REDLINE_CUDA_LAUNCH_BLOCKING") || on("CUDA_LAUNCH_BLOCKING"),
             stem_unpadded: std::env::var("REDLINE_CUDNN_PAD_STEM").is_ok_and(|v| v == "0"),
+            no_accumulate: std::env::var("REDLINE_CUDNN_ACCUMULATE").is_ok_and(|v| v == "0"),
         }
     }
 }
@@ -593,10 +598,13 @@ impl Gpu for CudaDriver {
         Ok(true)
     }
 
-    fn conv(&self, plan: &ConvPlan, operands: [DevicePtr; 3]) -> Result<bool> {
+    fn conv(&self, plan: &ConvPlan, operands: [DevicePtr; 3], accumulate: bool) -> Result<bool> {
         let Ok(dnn) = self.dnn() else {
             return Ok(false);
         };
+        if accumulate && self.options.no_accumulate {
+            return Ok(false);
+        }
         // cuDNN's queries and Find run in the context current on this thread.
         self.bind()?;
         // A plan cuDNN refuses runs on our kernels (the refusal is kept for the report).
@@ -631,7 +639,7 @@ impl Gpu for CudaDriver {
                     }
                 }
             }
-            dnn.run(plan, operands, *workspace, capturing)
+            dnn.run(plan, operands, *workspace, capturing, accumulate)
         });
         if let Some(e) = out_of_memory {
             return Err(e);

@@ -196,10 +196,11 @@ pub trait Gpu: Send + Sync + fmt::Debug {
     }
 
     /// Enqueues `plan` through cuDNN with cuDNN's `x`, `w` and `y` (first elements) at
-    /// `[x, w, y]`. `Ok(false)`: no cuDNN here, or it refused this plan — the caller runs its
-    /// own kernel ([`Gpu::libraries`] says why).
-    fn conv(&self, plan: &ConvPlan, operands: [DevicePtr; 3]) -> Result<bool> {
-        let _ = (plan, operands);
+    /// `[x, w, y]`; with `accumulate` the result is added to what the written operand holds
+    /// (β = 1). `Ok(false)`: no cuDNN here, or it refused this plan (or the addition) — the
+    /// caller runs its own kernel ([`Gpu::libraries`] says why), or adds itself.
+    fn conv(&self, plan: &ConvPlan, operands: [DevicePtr; 3], accumulate: bool) -> Result<bool> {
+        let _ = (plan, operands, accumulate);
         Ok(false)
     }
 

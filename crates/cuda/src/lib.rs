@@ -706,6 +706,21 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
+    /// Through cuDNN with β = 1 where it serves the plan; else declined (the caller adds).
+    fn conv2d_input_grad_accumulate(
+        &self,
+        g: View<'_>,
+        w: View<'_>,
+        p: &Conv2dParams,
+        into: &Storage,
+        out: &Layout,
+    ) -> Result<bool> {
+        let _range = nvtx::range("conv2d_input_grad_accumulate");
+        redline_tensor::backend::check_accumulate_into(self.name(), into, g.dtype(), out)?;
+        let (go, wo, yo) = (self.operand(g)?, self.operand(w)?, self.output(into, out)?);
+        ops::conv::input_grad_accumulate(&*self.gpu, &go, &wo, p, &yo)
+    }
+
     fn conv2d_weight_grad(
         &self,
         x: View<'_>,

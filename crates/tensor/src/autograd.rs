@@ -5,12 +5,42 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::layout::Layout;
 use crate::tensor::Tensor;
 
 /// Computes the gradients of an op's inputs from the gradient of its output (one per input;
-/// `None` where an input gets none).
-pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
+/// `None` where an input gets none). It may take a gradient already waiting for an input
+/// ([`Pending`]) to add its own into; the gradient it returns for that input then includes it.
+pub(crate) type BackwardFn =
+    Box<dyn FnOnce(&Tensor, &mut Pending<'_>) -> Result<Vec<Option<Tensor>>> + Send>;
+
+/// The gradients already summed for an op's inputs by the ops backward has passed (a residual
+/// block's input has the skip connection's before the convolution's). An op whose backward
+/// can add into memory in place (cuDNN's β = 1) takes one, saving the engine's separate add: a
+/// pass over an activation-sized tensor per residual block.
+pub(crate) struct Pending<'a> {
+    inputs: &'a [Tensor],
+    grads: &'a mut HashMap<usize, Tensor>,
+}
+
+impl Pending<'_> {
+    /// The gradient waiting for input `i`, when it may be written in place: nothing else holds
+    /// it or its memory (an add's backward hands one gradient to both its inputs), and it is
+    /// laid out as `layout` in `dtype` from the start of its storage.
+    pub(crate) fn exclusive(&self, i: usize, layout: &Layout, dtype: DType) -> Option<&Tensor> {
+        let g = self.grads.get(&self.inputs.get(i)?.key())?;
+        let alone = g.is_sole_owner();
+        (alone && g.layout() == layout && g.dtype() == dtype).then_some(g)
+    }
+
+    /// Removes the gradient waiting for input `i`: the caller has added into it (after
+    /// [`exclusive`](Self::exclusive)) and returns it as the input's gradient.
+    pub(crate) fn take(&mut self, i: usize) -> Option<Tensor> {
+        self.grads.remove(&self.inputs.get(i)?.key())
+    }
+}
 
 /// One recorded op. Its inputs and closure are taken (freed) when backward runs through it.
 pub(crate) struct Node {
@@ -138,7 +168,11 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
                 node.name
             )));
         };
-        let input_grads = backward(&grad)?;
+        let mut pending = Pending {
+            inputs: &inputs,
+            grads: &mut grads,
+        };
+        let input_grads = backward(&grad, &mut pending)?;
         for (input, g) in inputs.iter().zip(input_grads) {
             if !input.requires_grad() {
                 continue;

@@ -668,6 +668,27 @@ pub fn check_upload_into(device: String, dst: &Storage, bytes: &[u8]) -> Result<
     Ok(())
 }
 
+/// Refuses a [`Backend::conv2d_input_grad_accumulate`] whose `into` is not of `dtype` or does
+/// not hold every element `out` addresses.
+pub fn check_accumulate_into(
+    device: String,
+    into: &Storage,
+    dtype: DType,
+    out: &Layout,
+) -> Result<()> {
+    if into.dtype() != dtype || into.len() < out.storage_extent() {
+        return Err(TensorError::shape(format!(
+            "conv2d_input_grad_accumulate on {device}: a {} storage of {} elements to add {dtype} \
+             {:?} into (needs {})",
+            into.dtype(),
+            into.len(),
+            out.shape(),
+            out.storage_extent()
+        )));
+    }
+    Ok(())
+}
+
 /// Batch norm's training-mode constants for [`Backend::batch_norm_coef`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchNormCoefParams {
@@ -971,6 +992,22 @@ pub trait Backend: Send + Sync + fmt::Debug {
         p: &Conv2dParams,
         out: &Layout,
     ) -> Result<Storage>;
+
+    /// [`conv2d_input_grad`](Self::conv2d_input_grad) added in place into `into` (laid out as
+    /// `out`, g's dtype), where the backend fuses the addition (cuDNN's β = 1): a residual
+    /// block's input gradient without a separate add. `Ok(true)` when it did; `Ok(false)`, the
+    /// default, leaves `into` as it was and the caller adds.
+    fn conv2d_input_grad_accumulate(
+        &self,
+        g: View<'_>,
+        w: View<'_>,
+        p: &Conv2dParams,
+        into: &Storage,
+        out: &Layout,
+    ) -> Result<bool> {
+        let _ = (g, w, p, into, out);
+        Ok(false)
+    }
 
     /// The gradient of conv2d's weight from `x` and `g`, written in layout `out` (the weight's
     /// shape; dense, OIHW or channels-last OHWI — the weight's own order, so that cuDNN's NHWC

@@ -331,6 +331,30 @@ impl Backend for Reference {
         Ok(self.produce(g.dtype(), out, |i| gx[i]))
     }
 
+    /// Added in place (rounded as the separate add would round), so every reference test of a
+    /// network with skip connections runs the engine's path that hands a waiting gradient to
+    /// the convolution.
+    fn conv2d_input_grad_accumulate(
+        &self,
+        g: View<'_>,
+        w: View<'_>,
+        p: &Conv2dParams,
+        into: &Storage,
+        out: &Layout,
+    ) -> Result<bool> {
+        let dtype = g.dtype();
+        crate::backend::check_accumulate_into(self.name(), into, dtype, out)?;
+        let (gs, ws) = (self.gather(g)?, self.gather(w)?);
+        let gx =
+            ops::conv::reference::conv2d_input_grad(&gs, &ws, w.layout.shape(), out.shape(), p);
+        self.update(into, |values| {
+            for (i, at) in out.indices().enumerate() {
+                values[at] += dtype.round(gx[i]);
+            }
+        })?;
+        Ok(true)
+    }
+
     fn conv2d_weight_grad(
         &self,
         x: View<'_>,

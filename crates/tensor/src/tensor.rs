@@ -4,7 +4,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use crate::autograd::{self, BackwardFn, Node};
+use crate::autograd::{self, BackwardFn, Node, Pending};
 use crate::backend::{Backend, Download, Event, HostBytes, Op, OtherOp, Storage, View};
 use crate::device::Device;
 use crate::dtype::{self, DType, Element};
@@ -404,6 +404,17 @@ impl Tensor {
         inputs: &[&Tensor],
         backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Self {
+        self.record_with_pending(name, inputs, move |g, _| backward(g))
+    }
+
+    /// [`record`](Self::record) for a backward that may add into gradients already waiting
+    /// for its inputs ([`Pending`]).
+    pub(crate) fn record_with_pending(
+        self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: impl FnOnce(&Tensor, &mut Pending<'_>) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Self {
         let needed = autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
         if !needed {
             return self;
@@ -419,6 +430,12 @@ impl Tensor {
             grad: Mutex::new(None),
             grad_hook: Mutex::new(None),
         }))
+    }
+
+    /// Whether this handle is the only one to this tensor and to its memory (no clone, view or
+    /// detached copy shares it): what may be written in place unseen.
+    pub(crate) fn is_sole_owner(&self) -> bool {
+        Arc::strong_count(&self.0) == 1 && Arc::strong_count(&self.0.storage) == 1
     }
 
     /// A new tensor sharing this storage through `layout` (views).

@@ -35,6 +35,10 @@ pub struct Broken {
     hidden: Vec<Op>,
     /// Binary ops run (the allocations [`Fault::AllocatesEveryOp`] reports).
     binaries: std::sync::atomic::AtomicU64,
+    /// Whether convolutions' input gradients are added in place, as the reference adds them.
+    accumulates: bool,
+    /// Input gradients added in place so far.
+    accumulated: std::sync::atomic::AtomicU64,
 }
 
 impl Broken {
@@ -45,7 +49,21 @@ impl Broken {
             undeclared: Vec::new(),
             hidden: Vec::new(),
             binaries: Default::default(),
+            accumulates: true,
+            accumulated: Default::default(),
         }
+    }
+
+    /// Declines to add convolutions' input gradients in place (as a backend without cuDNN):
+    /// the engine adds them.
+    pub fn without_accumulation(mut self) -> Self {
+        self.accumulates = false;
+        self
+    }
+
+    /// How many convolution input gradients were added in place.
+    pub fn accumulated(&self) -> u64 {
+        self.accumulated.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stops declaring `op` (as a backend without that kernel would: the front end composes
@@ -190,6 +208,26 @@ impl Backend for Broken {
         out: &Layout,
     ) -> Result<Storage> {
         self.inner.conv2d_input_grad(g, w, p, out)
+    }
+    fn conv2d_input_grad_accumulate(
+        &self,
+        g: View<'_>,
+        w: View<'_>,
+        p: &Conv2dParams,
+        into: &Storage,
+        out: &Layout,
+    ) -> Result<bool> {
+        if !self.accumulates {
+            return Ok(false);
+        }
+        let added = self
+            .inner
+            .conv2d_input_grad_accumulate(g, w, p, into, out)?;
+        if added {
+            self.accumulated
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(added)
     }
     fn conv2d_weight_grad(
         &self,

@@ -311,3 +311,74 @@ fn cross_entropy_in_one_op_equals_its_composition_and_refuses_a_bad_target() {
 fn downloads_ordered_after_an_event_see_the_work_before_it() {
     redline_testkit::events::check_events(&Device::reference()).unwrap();
 }
+
+/// A convolution whose input already has a gradient waiting (a skip connection's) adds its
+/// own into it in place where the backend can, with the bits of the engine's separate add —
+/// and never into a gradient something else holds (an add's backward gives both its inputs
+/// the one tensor, which is also the convolution's own output gradient).
+#[test]
+fn a_convolution_adds_its_input_gradient_into_a_waiting_one_only_when_it_is_alone() {
+    use redline_tensor::{Conv2dParams, Tensor};
+    let p = Conv2dParams {
+        padding: [1, 1],
+        ..Conv2dParams::default()
+    };
+    // The gradients of x and w through y = conv(x, w) + skip(x), and how many input gradients
+    // the device added in place.
+    let run = |backend: Broken, relu_skip: bool, channels_last: bool| {
+        let backend = Arc::new(backend);
+        let device = Device::new(backend.clone());
+        let ramp = |n: usize, k: usize| -> Vec<f64> {
+            (0..n).map(|i| ((i * k) % 23) as f64 / 7.0 - 1.3).collect()
+        };
+        let mut x = Tensor::from_slice(&ramp(2 * 3 * 5 * 5, 7), &[2, 3, 5, 5], &device)
+            .unwrap()
+            .cast(DType::F32)
+            .unwrap();
+        if channels_last {
+            x = x.to_channels_last().unwrap();
+        }
+        let x = x.with_requires_grad(true);
+        let w = Tensor::from_slice(&ramp(3 * 3 * 3 * 3, 5), &[3, 3, 3, 3], &device)
+            .unwrap()
+            .cast(DType::F32)
+            .unwrap()
+            .with_requires_grad(true);
+        // The convolution first: backward reaches it after the skip has left x its gradient.
+        let c = x.conv2d(&w, None, p).unwrap();
+        let skip = if relu_skip {
+            x.relu().unwrap()
+        } else {
+            x.clone()
+        };
+        let y = c.add(&skip).unwrap();
+        let weights = Tensor::from_slice(&ramp(y.numel(), 3), y.shape(), &device)
+            .unwrap()
+            .cast(DType::F32)
+            .unwrap();
+        let loss = y.mul(&weights).unwrap().sum(&[], false).unwrap();
+        loss.backward().unwrap();
+        let grads = [&x, &w].map(|t| t.grad().unwrap().to_f64_vec().unwrap());
+        (grads, backend.accumulated())
+    };
+    for channels_last in [false, true] {
+        // A ReLU's backward leaves x a gradient of its own: the convolution adds into it.
+        let (added, n) = run(Broken::new(Fault::None), true, channels_last);
+        let (separate, none) = run(
+            Broken::new(Fault::None).without_accumulation(),
+            true,
+            channels_last,
+        );
+        assert_eq!((n, none), (1, 0), "channels-last {channels_last}");
+        assert_eq!(added, separate, "channels-last {channels_last}");
+        // The identity's gradient is the add's, shared with the convolution's: left alone.
+        let (shared, n) = run(Broken::new(Fault::None), false, channels_last);
+        let (separate, _) = run(
+            Broken::new(Fault::None).without_accumulation(),
+            false,
+            channels_last,
+        );
+        assert_eq!(n, 0, "channels-last {channels_last}");
+        assert_eq!(shared, separate, "channels-last {channels_last}");
+    }
+}

@@ -173,6 +173,19 @@ impl OpProfile {
         bytes: u64,
         f: impl FnOnce(&dyn Backend) -> R,
     ) -> R {
+        self.timed_when(kind, label, bytes, f, |_| true)
+    }
+
+    /// [`timed`](Self::timed), counted only where `done` says the call did the work (a call
+    /// that declines leaves the work to the next one, which is counted).
+    fn timed_when<R>(
+        &self,
+        kind: OpKind,
+        label: impl FnOnce() -> String,
+        bytes: u64,
+        f: impl FnOnce(&dyn Backend) -> R,
+        done: impl FnOnce(&R) -> bool,
+    ) -> R {
         let backend = self.inner.backend();
         // Blocking calls are host waits by definition; bracketing them would time nothing.
         let stamps = self.detail && kind != OpKind::Blocking;
@@ -181,6 +194,9 @@ impl OpProfile {
         let out = f(backend);
         let spent = start.elapsed();
         let after = before.and_then(|_| self.stamp());
+        if !done(&out) {
+            return out;
+        }
         let label: Cow<'static, str> = if self.detail {
             label().into()
         } else {
@@ -699,6 +715,18 @@ impl Backend for OpProfile {
     ) -> Result<Storage> {
         let label = || conv_label("dx", out.shape(), w.layout.shape(), p);
         self.timed(Compute, label, 0, |b| b.conv2d_input_grad(g, w, p, out))
+    }
+    fn conv2d_input_grad_accumulate(
+        &self,
+        g: View<'_>,
+        w: View<'_>,
+        p: &Conv2dParams,
+        into: &Storage,
+        out: &Layout,
+    ) -> Result<bool> {
+        let label = || conv_label("dx+=", out.shape(), w.layout.shape(), p);
+        let f = |b: &dyn Backend| b.conv2d_input_grad_accumulate(g, w, p, into, out);
+        self.timed_when(Compute, label, 0, f, |added| matches!(added, Ok(true)))
     }
     fn conv2d_weight_grad(
         &self,

@@ -211,3 +211,61 @@ fn a_channels_last_conv_weight_gets_its_gradient_in_its_own_order_with_no_extra_
     assert!(grad.layout().is_contiguous(), "{:?}", grad.layout());
     assert_eq!(grad.to_vec::<f32>().unwrap(), want);
 }
+
+/// Each residual block's input gradient is its skip connection's plus its first convolution's:
+/// on a device that adds the convolution's in place (cuDNN's β = 1; the reference does too),
+/// the engine's 16 activation-sized adds of a ResNet-50 backward are gone — in f32 and under
+/// bf16 autocast, channels-last (the benchmark's step). Counted on the reference against the
+/// CPU backend, which adds separately.
+#[test]
+fn a_resnet50_backward_adds_every_blocks_input_gradient_in_place_where_the_device_can() {
+    use redline_tensor::DType;
+    // Calls labelled `conv dx+=…` and binary adds in one forward + backward on `device`.
+    let count = |device: Device, amp: bool| -> (u64, u64) {
+        let (device, profile) = OpProfile::wrap(device, true);
+        let model = ResNet::new(
+            ResNetConfig {
+                num_classes: 10,
+                ..ResNetConfig::new(50)
+            },
+            &device,
+        )
+        .unwrap();
+        let mut x = Tensor::from_slice(&vec![0.5f32; 3 * 16 * 16], &[1, 3, 16, 16], &device);
+        if amp {
+            x = x.and_then(|x| x.to_channels_last());
+        }
+        let (x, y) = (
+            x.unwrap(),
+            Tensor::from_slice(&[3i64], &[1], &device).unwrap(),
+        );
+        profile.reset();
+        let loss = {
+            let _scope = amp.then(|| redline_amp::autocast(DType::BF16).unwrap());
+            let logits = model.forward(&x).unwrap();
+            redline_amp::for_f32(&logits)
+                .and_then(|l| l.cross_entropy(&y, 0.0, None))
+                .unwrap()
+        };
+        loss.backward().unwrap();
+        let rows = profile.rows();
+        let calls = |f: &dyn Fn(&str) -> bool| -> u64 {
+            rows.iter().filter(|r| f(&r.label)).map(|r| r.calls).sum()
+        };
+        (
+            calls(&|l| l.starts_with("conv dx+=")),
+            calls(&|l| l.starts_with("add")),
+        )
+    };
+    for amp in [false, true] {
+        let (in_place, adds) = count(Device::reference(), amp);
+        let cpu = Device::new(Arc::new(redline_cpu::CpuBackend::new()));
+        let (none, separate_adds) = count(cpu, amp);
+        assert_eq!((in_place, none), (16, 0), "amp {amp}");
+        assert_eq!(
+            separate_adds - adds,
+            16,
+            "amp {amp}: {separate_adds} adds, then {adds}"
+        );
+    }
+}

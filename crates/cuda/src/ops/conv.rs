@@ -161,6 +161,7 @@ fn library(
     [x, w, y]: [(&Layout, DevicePtr); 3],
     dtype: DType,
     p: &Conv2dParams,
+    accumulate: bool,
 ) -> Result<bool> {
     let Some(mut plan) = ConvPlan::new(dtype, direction, x.0, w.0, y.0, p) else {
         return Ok(false);
@@ -168,7 +169,7 @@ fn library(
     let first = |(l, ptr): (&Layout, DevicePtr)| ptr.offset(l.offset() * dtype.size());
     let operands = [first(x), first(w), first(y)];
     plan.aligned = operands.iter().all(|at| at.0 % 16 == 0);
-    gpu.conv(&plan, operands)
+    gpu.conv(&plan, operands, accumulate)
 }
 
 pub fn conv2d(
@@ -179,7 +180,7 @@ pub fn conv2d(
     out: &Operand,
 ) -> Result<()> {
     let roles = [(x.layout, x.ptr), (w.layout, w.ptr), (out.layout, out.ptr)];
-    if library(gpu, Direction::Forward, roles, x.dtype, p)? {
+    if library(gpu, Direction::Forward, roles, x.dtype, p, false)? {
         return Ok(());
     }
     launch(gpu, "conv2d", x, w, out.ptr, out.layout, p)
@@ -193,10 +194,23 @@ pub fn input_grad(
     out: &Operand,
 ) -> Result<()> {
     let roles = [(out.layout, out.ptr), (w.layout, w.ptr), (g.layout, g.ptr)];
-    if library(gpu, Direction::InputGrad, roles, g.dtype, p)? {
+    if library(gpu, Direction::InputGrad, roles, g.dtype, p, false)? {
         return Ok(());
     }
     launch(gpu, "conv2d_input_grad", g, w, out.ptr, out.layout, p)
+}
+
+/// [`input_grad`] added into what `out` holds, where cuDNN does it in the same call (β = 1);
+/// `Ok(false)` (no cuDNN, or it will not for this plan): `out` is untouched, the caller adds.
+pub fn input_grad_accumulate(
+    gpu: &dyn Gpu,
+    g: &Operand,
+    w: &Operand,
+    p: &Conv2dParams,
+    out: &Operand,
+) -> Result<bool> {
+    let roles = [(out.layout, out.ptr), (w.layout, w.ptr), (g.layout, g.ptr)];
+    library(gpu, Direction::InputGrad, roles, g.dtype, p, true)
 }
 
 /// Into `out`, the weight's shape in OIHW or channels-last (KRSC) order: cuDNN's two filter
@@ -209,7 +223,7 @@ pub fn weight_grad(
     out: &Operand,
 ) -> Result<()> {
     let roles = [(x.layout, x.ptr), (out.layout, out.ptr), (g.layout, g.ptr)];
-    if library(gpu, Direction::WeightGrad, roles, x.dtype, p)? {
+    if library(gpu, Direction::WeightGrad, roles, x.dtype, p, false)? {
         return Ok(());
     }
     launch(gpu, "conv2d_weight_grad", x, g, out.ptr, out.layout, p)

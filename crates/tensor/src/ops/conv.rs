@@ -61,14 +61,31 @@ impl Tensor {
         // Only the gradients someone needs: the first layer's input (the data) needs none, and
         // its input gradient would be the costliest of the network's (3 channels, full size).
         let (need_x, need_w) = (self.requires_grad(), weight.requires_grad());
-        let y = y.record("conv2d", &[self, weight], move |g| {
+        let y = y.record_with_pending("conv2d", &[self, weight], move |g, pending| {
             let gx = if need_x {
                 x.device().check(Op::Nn(NnOp::Conv2dInputGrad), x.dtype())?;
                 let gx_layout = x.layout().output_like();
-                let gx = x
-                    .backend()
-                    .conv2d_input_grad(g.view(), w.view(), &p, &gx_layout)?;
-                Some(Tensor::from_storage(gx, gx_layout, x.device().clone()))
+                // Added into the gradient already waiting for x (a residual block's skip
+                // connection) where the backend can: the engine's add is saved.
+                let waiting = pending.exclusive(0, &gx_layout, x.dtype());
+                let added = match waiting {
+                    Some(into) => x.backend().conv2d_input_grad_accumulate(
+                        g.view(),
+                        w.view(),
+                        &p,
+                        into.storage(),
+                        &gx_layout,
+                    )?,
+                    None => false,
+                };
+                if added {
+                    pending.take(0)
+                } else {
+                    let gx = x
+                        .backend()
+                        .conv2d_input_grad(g.view(), w.view(), &p, &gx_layout)?;
+                    Some(Tensor::from_storage(gx, gx_layout, x.device().clone()))
+                }
             } else {
                 None
             };
