@@ -23,6 +23,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cudnn::{result, sys};
@@ -144,7 +145,9 @@ struct Prepared {
     conv: sys::cudnnConvolutionDescriptor_t,
     chosen: Chosen,
     /// Calls enqueued with it so far: a stage's report tells the plans it ran by their change.
-    runs: std::sync::atomic::AtomicU64,
+    runs: AtomicU64,
+    /// Of those, the calls that added into the written operand (β = 1).
+    added: AtomicU64,
 }
 
 /// The algorithm a plan runs, and where it came from.
@@ -418,14 +421,19 @@ impl Cudnn {
                 let millis = c
                     .millis
                     .map_or("unmeasured".into(), |ms| format!("{ms} ms"));
+                let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+                let added = match load(&p.added) {
+                    0 => String::new(),
+                    n => format!(" ({n} adding in place)"),
+                };
                 format!(
-                    "{}: {} ({:?}), {} B workspace, {millis}, {}, {} runs",
+                    "{}: {} ({:?}), {} B workspace, {millis}, {}, {} runs{added}",
                     algorithms::key(&plan, self.deterministic),
                     c.algo.name(),
                     c.math,
                     c.workspace,
                     c.how,
-                    p.runs.load(std::sync::atomic::Ordering::Relaxed)
+                    load(&p.runs),
                 )
             })
             .collect();
@@ -548,6 +556,7 @@ impl Cudnn {
                 ranking: None,
             },
             runs: Default::default(),
+            added: Default::default(),
         };
         let chosen = self.choose(plan, &prepared, may_measure)?;
         // SAFETY: the descriptor made above; the math type cuDNN reported for the algorithm.
@@ -823,7 +832,10 @@ impl Cudnn {
             }
         };
         if enqueued.is_ok() {
-            p.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            p.runs.fetch_add(1, Ordering::Relaxed);
+            if accumulate {
+                p.added.fetch_add(1, Ordering::Relaxed);
+            }
         }
         enqueued.map_err(|e| {
             let why = status(&format!("{:?}", plan.direction), e);
