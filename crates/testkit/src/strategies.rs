@@ -95,17 +95,41 @@ fn values(n: usize, domain: Domain, dtype: DType, salt: u32) -> BoxedStrategy<Ve
 
 fn input(shape: Vec<usize>, dtype: DType, domain: Domain, salt: u32) -> BoxedStrategy<Input> {
     view_for(&shape)
-        .prop_flat_map(move |view| {
-            let n: usize = Input::base_shape(&shape, view).iter().product();
-            let shape = shape.clone();
-            values(n, domain, dtype, salt).prop_map(move |values| Input {
-                shape: shape.clone(),
-                values,
-                dtype,
-                view,
-            })
+        .prop_flat_map(move |view| viewed(shape.clone(), view, dtype, domain, salt))
+        .boxed()
+}
+
+/// An input of `shape` seen through `view`.
+fn viewed(
+    shape: Vec<usize>,
+    view: ViewKind,
+    dtype: DType,
+    domain: Domain,
+    salt: u32,
+) -> BoxedStrategy<Input> {
+    let n: usize = Input::base_shape(&shape, view).iter().product();
+    values(n, domain, dtype, salt)
+        .prop_map(move |values| Input {
+            shape: shape.clone(),
+            values,
+            dtype,
+            view,
         })
         .boxed()
+}
+
+/// Batch-norm activations: any small shape and view, or channels-last (what a training step
+/// makes, and what CUDA's rows kernels take) — small, or with 8–32 channels (16-byte packs of
+/// every dtype) and up to 864 rows (partial sums from several chunks).
+fn norm_activation() -> BoxedStrategy<(Vec<usize>, ViewKind)> {
+    let channels_last = |s: Vec<usize>| (s, ViewKind::ChannelsLast);
+    prop_oneof![
+        2 => shape(2..=4).prop_flat_map(|s| (Just(s.clone()), view_for(&s))),
+        1 => shape(4..=4).prop_map(channels_last),
+        1 => (2usize..=6, prop::sample::select(vec![8usize, 16, 32]), 8usize..=12, 8usize..=12)
+            .prop_map(move |(n, c, h, w)| channels_last(vec![n, c, h, w])),
+    ]
+    .boxed()
 }
 
 /// Two shapes that broadcast: the second drops leading axes and/or sets some axes to 1.
@@ -468,12 +492,12 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
         // x [N ≥ 2, C, ..] (≥ 2 elements a channel, distinct: the variance stays well
         // conditioned in f32 whatever the summation order or FMA contraction), then [C] weight,
         // bias, running mean and (positive) running variance, each used or not.
-        NnOp::BatchNormStatsCoef => (shape(2..=4), 0u8..16)
-            .prop_flat_map(move |(mut s, operands)| {
+        NnOp::BatchNormStatsCoef => (norm_activation(), 0u8..16)
+            .prop_flat_map(move |((mut s, view), operands)| {
                 s[0] = s[0].max(2);
                 let channel = |domain, salt| input(vec![s[1]], stats_dtype(dtype), domain, salt);
                 (
-                    input(s.clone(), dtype, Domain::Distinct, 0),
+                    viewed(s.clone(), view, dtype, Domain::Distinct, 0),
                     (channel(Domain::Any, 1), channel(Domain::Any, 2)),
                     (channel(Domain::Any, 3), channel(Domain::Positive, 4)),
                     Just(operands),
@@ -484,15 +508,16 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                 ..make(vec![x, w, b, m, v], vec![])
             })
             .boxed(),
-        // x [N, C, ..] and its gradient, the forward's [mean; rstd] (rstd > 0), a [C] weight
-        // used or not, and optionally a [2, C] gate on the gradient.
-        NnOp::BatchNormGradStatsCoef => (shape(2..=4), 0u8..2, proptest::bool::ANY)
-            .prop_flat_map(move |(s, operands, gated)| {
+        // x [N, C, ..] and its gradient (one view, as in a network), the forward's
+        // [mean; rstd] (rstd > 0), a [C] weight used or not, and optionally a [2, C] gate on
+        // the gradient.
+        NnOp::BatchNormGradStatsCoef => (norm_activation(), 0u8..2, proptest::bool::ANY)
+            .prop_flat_map(move |((s, view), operands, gated)| {
                 let sd = stats_dtype(dtype);
                 (
                     (
-                        input(s.clone(), dtype, Domain::Any, 0),
-                        input(s.clone(), dtype, Domain::Any, 1),
+                        viewed(s.clone(), view, dtype, Domain::Any, 0),
+                        viewed(s.clone(), view, dtype, Domain::Any, 1),
                     ),
                     (
                         input(vec![2, s[1]], sd, Domain::Positive, 2),

@@ -211,19 +211,17 @@ impl WgpuBackend {
         dtype == DType::F32 || (dtype == DType::F16 && self.ctx.f16)
     }
 
-    /// `k[0, c]·x + k[1, c]` per channel `c`, written in layout `out`, with `k` a contiguous
-    /// `[rows ≥ 2, C]` in x's dtype: batch norm's value, shared by `batch_norm_apply` and the
-    /// gate of the backward ops so both compute it with the same kernels (the same bits).
-    fn affine(&self, x: View<'_>, k: &Storage, out: &Layout) -> Result<Storage> {
+    /// `k[0, c]·x + k[1, c]` per channel `c` in f32 (x widened, the coefficients as they are:
+    /// a contiguous `[rows ≥ 2, C]` of the statistics dtype), stored once as `dtype` in layout
+    /// `out`: batch norm's value, shared by `batch_norm_apply` and the gate of the backward ops
+    /// so both compute it with the same kernel (the same bits). Rounding the coefficients to
+    /// f16 first, as composing f16 ops did, moved the ReLU's threshold off the reference's and
+    /// cancelled badly where a channel's mean is large against its spread.
+    fn affine(&self, x: View<'_>, k: &Storage, out: &Layout, dtype: DType) -> Result<Storage> {
         let shape = x.layout.shape();
         let (a, b) = (channel_row(shape, 0), channel_row(shape, 1));
         let row = |layout| View { storage: k, layout };
-        let scaled = self.binary(BinaryOp::Mul, x, row(&a), out)?;
-        let scaled = View {
-            storage: &scaled,
-            layout: out,
-        };
-        self.binary(BinaryOp::Add, scaled, row(&b), out)
+        self.elementwise("a * b + c", &[x, row(&a), row(&b)], out, dtype, 0.0)
     }
 
     /// The batch-norm ops' second operand `y` masked by `gate` `[a; b]` (kept where
@@ -240,8 +238,8 @@ impl WgpuBackend {
             return Ok(None);
         };
         let c = x.layout.shape()[1];
-        let k = self.convert(gate, x.dtype(), &Layout::contiguous(&[2, c]))?;
-        let value = self.affine(x, &k, out)?;
+        let k = self.convert(gate, gate.dtype(), &Layout::contiguous(&[2, c]))?;
+        let value = self.affine(x, &k, out, x.dtype())?;
         let value = View {
             storage: &value,
             layout: out,
@@ -646,22 +644,22 @@ impl Backend for WgpuBackend {
             None => y,
         };
         let c = x.layout.shape()[1];
-        let k = self.convert(coef, x.dtype(), &Layout::contiguous(&[3, c]))?;
-        let shifted = self.affine(x, &k, out)?;
-        let out_view = |storage| View {
-            storage,
-            layout: out,
-        };
+        let k = self.convert(coef, coef.dtype(), &Layout::contiguous(&[3, c]))?;
         let value = match y {
-            None => shifted,
+            None => self.affine(x, &k, out, x.dtype())?,
+            // The residual's term added to the f32 value, then stored once.
             Some(y) => {
+                let shifted = self.affine(x, &k, out, k.dtype())?;
+                let shifted = View {
+                    storage: &shifted,
+                    layout: out,
+                };
                 let d = channel_row(x.layout.shape(), 2);
                 let d = View {
                     storage: &k,
                     layout: &d,
                 };
-                let extra = self.binary(BinaryOp::Mul, y, d, out)?;
-                self.binary(BinaryOp::Add, out_view(&shifted), out_view(&extra), out)?
+                self.elementwise("a + b * c", &[shifted, d, y], out, x.dtype(), 0.0)?
             }
         };
         if !relu {
