@@ -124,6 +124,14 @@ fn conv_weight_grad_in_the_weights_order() {
     check(&Device::reference()).unwrap();
 }
 
+/// The CPU backend declines to add in place (the engine adds); the reference adds in place.
+#[test]
+fn conv_input_grad_into_a_waiting_gradient() {
+    use redline_testkit::conformance::conv_input_grad_into_a_waiting_gradient as check;
+    check(&CpuBackend::device()).unwrap();
+    check(&Device::reference()).unwrap();
+}
+
 #[test]
 fn convolutions_over_several_tiles_and_threads() {
     let p3 = Conv2dParams {

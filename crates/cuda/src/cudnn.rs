@@ -211,8 +211,8 @@ pub struct Cudnn {
     /// Algorithms cuDNN rejected when they ran, per plan: never chosen for it again.
     setbacks: Mutex<HashMap<ConvPlan, Setback>>,
     /// Plans whose algorithm cuDNN would not run with β = 1 (adding into the written
-    /// operand): their callers add separately; the plan itself keeps its algorithm.
-    no_accumulate: Mutex<std::collections::HashSet<ConvPlan>>,
+    /// operand), and that algorithm: their callers add separately while the plan keeps it.
+    no_accumulate: Mutex<HashMap<ConvPlan, Algo>>,
 }
 
 /// Where measured algorithm choices are kept, when they are measured at all.
@@ -412,6 +412,11 @@ impl Cudnn {
         if !self.usable() {
             return Vec::new();
         }
+        let no_accumulate = self
+            .no_accumulate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let mut out: Vec<String> = self
             .plans
             .prepared()
@@ -422,10 +427,13 @@ impl Cudnn {
                     .millis
                     .map_or("unmeasured".into(), |ms| format!("{ms} ms"));
                 let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
-                let added = match load(&p.added) {
+                let mut added = match load(&p.added) {
                     0 => String::new(),
                     n => format!(" ({n} adding in place)"),
                 };
+                if no_accumulate.get(&plan) == Some(&c.algo) {
+                    added.push_str(", refuses to add in place (β = 1): its callers add");
+                }
                 format!(
                     "{}: {} ({:?}), {} B workspace, {millis}, {}, {} runs{added}",
                     algorithms::key(&plan, self.deterministic),
@@ -795,9 +803,6 @@ impl Cudnn {
         accumulate: bool,
     ) -> Result<(), Declined> {
         let no_accumulate = || self.no_accumulate.lock().unwrap_or_else(|p| p.into_inner());
-        if accumulate && no_accumulate().contains(plan) {
-            return Err(Declined::Refused);
-        }
         // Prepared by `workspace_for` already (an error: refused). Gone, or wanting more
         // workspace, when another thread set its algorithm aside since: ask again, which
         // prepares its successor (never here, where it could not be measured).
@@ -807,6 +812,9 @@ impl Cudnn {
             Some(Ok(p)) if p.chosen.workspace > workspace_bytes => return Err(Declined::Retry),
             Some(Ok(p)) => p,
         };
+        if accumulate && no_accumulate().get(plan) == Some(&p.chosen.algo) {
+            return Err(Declined::Refused);
+        }
         // Scaling factors are f32 for every data type but f64 (cuDNN's rule), and f64 runs on
         // our kernels.
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
@@ -840,9 +848,13 @@ impl Cudnn {
         enqueued.map_err(|e| {
             let why = status(&format!("{:?}", plan.direction), e);
             match (verdict(&e), capturing) {
-                // β = 1 is what this algorithm would not take: the caller adds instead.
-                (Verdict::NotForPlan, _) if accumulate => {
-                    no_accumulate().insert(*plan);
+                // β = 1 is what this algorithm would not take: the caller adds instead (and
+                // its plain call sets the algorithm aside if that was not it). Remembered
+                // outside a capture only, as every other verdict.
+                (Verdict::NotForPlan, capturing) if accumulate => {
+                    if !capturing {
+                        no_accumulate().insert(*plan, p.chosen.algo);
+                    }
                     Declined::Refused
                 }
                 (Verdict::NotForPlan, false) => {

@@ -1086,6 +1086,13 @@ fn conv_weight_grad_in_the_weights_order() {
     redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&device()).unwrap();
 }
 
+/// The emulator has no cuDNN: it declines to add in place, and the engine's add gives the
+/// reference's gradients.
+#[test]
+fn conv_input_grad_into_a_waiting_gradient() {
+    redline_testkit::conformance::conv_input_grad_into_a_waiting_gradient(&device()).unwrap();
+}
+
 /// An asynchronous download sees the ops enqueued before it, of strided views too.
 #[test]
 fn an_asynchronous_download_returns_what_a_synchronous_one_does() {

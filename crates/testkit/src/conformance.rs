@@ -488,14 +488,7 @@ pub fn conv_weight_grad_in_the_weights_order(device: &Device) -> Result<(), Stri
         groups: 2,
         ..Conv2dParams::default()
     };
-    let make = |d: &Device, dtype: DType, shape: &[usize], k: usize| -> Result<Tensor> {
-        let n: usize = shape.iter().product();
-        let mut bytes = vec![0u8; n * dtype.size()];
-        for i in 0..n {
-            dtype.write(&mut bytes, i, ((i * k) % 13) as f64 / 8.0 - 0.75);
-        }
-        Tensor::from_bytes(bytes, dtype, shape, d)
-    };
+    let make = ramp;
     let run = |d: &Device, dtype: DType, x_last: bool, w_last: bool| -> Result<(Vec<f64>, bool)> {
         let mut x = make(d, dtype, &[2, 4, 7, 6], 5)?;
         let mut w = make(d, dtype, &[6, 2, 3, 3], 7)?;
@@ -535,6 +528,70 @@ pub fn conv_weight_grad_in_the_weights_order(device: &Device) -> Result<(), Stri
             if got_last != w_last {
                 return Err(format!("{what}: the gradient's layout is not the weight's"));
             }
+            close(&got, &want, dtype, &what)?;
+        }
+    }
+    Ok(())
+}
+
+/// `shape` of `dtype` on `d`, filled with a ramp of 13 values in [-0.75, 0.75] (stride `k`).
+fn ramp(d: &Device, dtype: DType, shape: &[usize], k: usize) -> redline_tensor::Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let mut bytes = vec![0u8; n * dtype.size()];
+    for i in 0..n {
+        dtype.write(&mut bytes, i, ((i * k) % 13) as f64 / 8.0 - 0.75);
+    }
+    Tensor::from_bytes(bytes, dtype, shape, d)
+}
+
+/// A convolution's input gradient added into the gradient already waiting for its input (a
+/// residual block's: `conv(x) + relu(x)`, the convolution first) matches the reference's, as
+/// does the weight's: 3×3 and 1×1 (a bottleneck's first), channels-last and NCHW, in every
+/// half and single dtype the device declares. On a GPU cuDNN adds it in place (β = 1), which
+/// nothing else there checks.
+pub fn conv_input_grad_into_a_waiting_gradient(device: &Device) -> Result<(), String> {
+    use redline_tensor::{NnOp, Result};
+    let run = |d: &Device, dtype: DType, k: usize, last: bool| -> Result<Vec<f64>> {
+        let p = Conv2dParams {
+            padding: [k / 2, k / 2],
+            ..Conv2dParams::default()
+        };
+        let mut x = ramp(d, dtype, &[2, 8, 7, 6], 5)?;
+        if last {
+            x = x.to_channels_last()?;
+        }
+        let x = x.with_requires_grad(true);
+        let w = ramp(d, dtype, &[8, 8, k, k], 7)?.with_requires_grad(true);
+        let c = x.conv2d(&w, None, p)?;
+        let y = c.add(&x.relu()?)?;
+        y.mul(&loss_weights(&y)?)?.sum(&[], false)?.backward()?;
+        let mut out = Vec::new();
+        for t in [&x, &w] {
+            let g = t
+                .grad()
+                .ok_or_else(|| TensorError::Autograd("no gradient".into()))?;
+            out.extend(g.to_f64_vec()?);
+        }
+        Ok(out)
+    };
+    let reference = Device::reference();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let ops = [NnOp::Conv2dInputGrad, NnOp::Conv2dWeightGrad];
+        if !ops
+            .iter()
+            .all(|&op| device.backend().supports(Op::Nn(op), dtype))
+        {
+            continue;
+        }
+        for (k, last) in [(3, true), (1, true), (3, false), (1, false)] {
+            let order = if last { "channels-last" } else { "NCHW" };
+            let what = format!(
+                "{}: {dtype} {k}×{k} conv, {order}, its input gradient added to a waiting one",
+                device.name()
+            );
+            let got = run(device, dtype, k, last).map_err(|e| format!("{what}: {e}"))?;
+            let want = run(&reference, dtype, k, last)
+                .map_err(|e| format!("{what} on the reference: {e}"))?;
             close(&got, &want, dtype, &what)?;
         }
     }

@@ -173,15 +173,16 @@ impl OpProfile {
         bytes: u64,
         f: impl FnOnce(&dyn Backend) -> R,
     ) -> R {
-        self.timed_when(kind, label, bytes, f, |_| true)
+        self.timed_when(kind, |_| label(), bytes, f, |_| true)
     }
 
-    /// [`timed`](Self::timed), counted only where `done` says the call did the work (a call
-    /// that declines leaves the work to the next one, which is counted).
+    /// [`timed`](Self::timed) under `label(done)`, where `done` says whether the call did the
+    /// work: one that declined (leaving it to the next call) is no call of its own, and only its
+    /// host time is charged (to the row `label(false)` names: the next call's).
     fn timed_when<R>(
         &self,
         kind: OpKind,
-        label: impl FnOnce() -> String,
+        label: impl FnOnce(bool) -> String,
         bytes: u64,
         f: impl FnOnce(&dyn Backend) -> R,
         done: impl FnOnce(&R) -> bool,
@@ -194,11 +195,9 @@ impl OpProfile {
         let out = f(backend);
         let spent = start.elapsed();
         let after = before.and_then(|_| self.stamp());
-        if !done(&out) {
-            return out;
-        }
+        let done = done(&out);
         let label: Cow<'static, str> = if self.detail {
-            label().into()
+            label(done).into()
         } else {
             kind.name().into()
         };
@@ -208,9 +207,13 @@ impl OpProfile {
         }
         // Without detail the label borrows the kind's name: no allocation per op.
         let (_, cost) = table.rows.entry(label).or_insert((kind, Cost::default()));
-        cost.calls += 1;
+        cost.calls += u64::from(done);
         cost.host += spent;
-        cost.bytes += if kind.memory_bound() { bytes } else { 0 };
+        cost.bytes += if kind.memory_bound() && done {
+            bytes
+        } else {
+            0
+        };
         let full = table.pending.len() >= SETTLE_OPS;
         drop(table);
         if full {
@@ -724,7 +727,11 @@ impl Backend for OpProfile {
         into: &Storage,
         out: &Layout,
     ) -> Result<bool> {
-        let label = || conv_label("dx+=", out.shape(), w.layout.shape(), p);
+        // Declined: its time goes to the `dx` call that follows.
+        let label = |added| {
+            let pass = if added { "dx+=" } else { "dx" };
+            conv_label(pass, out.shape(), w.layout.shape(), p)
+        };
         let f = |b: &dyn Backend| b.conv2d_input_grad_accumulate(g, w, p, into, out);
         self.timed_when(Compute, label, 0, f, |added| matches!(added, Ok(true)))
     }

@@ -297,6 +297,13 @@ fn conv_weight_grad_in_the_weights_order() {
 
 #[test]
 #[ignore = "hardware suite: cargo xtask test runs it"]
+fn conv_input_grad_into_a_waiting_gradient() {
+    let Some((device, _)) = device() else { return };
+    redline_testkit::conformance::conv_input_grad_into_a_waiting_gradient(&device).unwrap();
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
 fn cross_entropy_without_ignore_index_keeps_every_sample() {
     let Some((device, _)) = device() else { return };
     redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(&device);

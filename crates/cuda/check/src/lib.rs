@@ -272,6 +272,17 @@ pub fn run(options: &Options) -> bool {
         redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&device)?;
         report["conv_weight_grad_layouts"] =
             json!("OIHW and channels-last (KRSC) weight gradients match the reference");
+        redline_testkit::conformance::conv_input_grad_into_a_waiting_gradient(&device)?;
+        // Which of cuDNN's plans added into a waiting gradient (β = 1) so far: the check above
+        // matched the reference either way, this says whether it ran cuDNN's addition.
+        let added: Vec<String> = backend
+            .gpu()
+            .libraries()
+            .into_iter()
+            .flat_map(|library| library.choices)
+            .filter(|line| line.contains("adding in place"))
+            .collect();
+        report["conv_input_grad_added_in_place"] = json!(added);
         Ok(report)
     });
     stage(&journal, 3, "amp", &mut || {

@@ -67,7 +67,8 @@ impl Tensor {
                 let gx_layout = x.layout().output_like();
                 // Added into the gradient already waiting for x (a residual block's skip
                 // connection) where the backend can: the engine's add is saved.
-                let waiting = pending.exclusive(0, &gx_layout, x.dtype());
+                // (Of g's dtype: what the backend writes.)
+                let waiting = pending.exclusive(0, &gx_layout, g.dtype());
                 let added = match waiting {
                     Some(into) => x.backend().conv2d_input_grad_accumulate(
                         g.view(),
