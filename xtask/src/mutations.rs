@@ -133,6 +133,13 @@ const MUTATIONS: &[Mutation] = &[
         original: "for (i64 c = 0; c < to_c; c++)",
         mutated: "for (i64 c = 0; c < (from_c < to_c ? from_c : to_c); c++)",
     },
+    Mutation {
+        name: "batch-norm partial sums combined without their last chunk",
+        file: "norm.cu",
+        original: "for (i64 k = threadIdx.x; k < chunks; k += blockDim.x)",
+        mutated:
+            "for (i64 k = threadIdx.x; k < (chunks > 1 ? chunks - 1 : chunks); k += blockDim.x)",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

@@ -120,14 +120,27 @@ fn viewed(
 
 /// Batch-norm activations: any small shape and view, or channels-last (what a training step
 /// makes, and what CUDA's rows kernels take) — small, or with 8–32 channels (16-byte packs of
-/// every dtype) and up to 864 rows (partial sums from several chunks).
+/// every dtype) and up to 2,048 rows (partial sums from several chunks).
 fn norm_activation() -> BoxedStrategy<(Vec<usize>, ViewKind)> {
     let channels_last = |s: Vec<usize>| (s, ViewKind::ChannelsLast);
     prop_oneof![
         2 => shape(2..=4).prop_flat_map(|s| (Just(s.clone()), view_for(&s))),
         1 => shape(4..=4).prop_map(channels_last),
-        1 => (2usize..=6, prop::sample::select(vec![8usize, 16, 32]), 8usize..=12, 8usize..=12)
+        1 => (2usize..=8, prop::sample::select(vec![8usize, 16, 32]), 8usize..=16, 8usize..=16)
             .prop_map(move |(n, c, h, w)| channels_last(vec![n, c, h, w])),
+    ]
+    .boxed()
+}
+
+/// Batch norm's x and a second operand of its shape (y, or the gradient): independent views
+/// of a small shape (the general kernels), or one view from [`norm_activation`] (a network's).
+fn norm_operands(dtype: DType) -> BoxedStrategy<(Input, Input)> {
+    let any = move |s: Vec<usize>, salt| input(s, dtype, Domain::Any, salt);
+    let viewed_any = move |s: Vec<usize>, view, salt| viewed(s, view, dtype, Domain::Any, salt);
+    prop_oneof![
+        1 => shape(2..=4).prop_flat_map(move |s| (any(s.clone(), 0), any(s, 1))),
+        3 => norm_activation()
+            .prop_flat_map(move |(s, view)| (viewed_any(s.clone(), view, 0), viewed_any(s, view, 1))),
     ]
     .boxed()
 }
@@ -422,17 +435,17 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
         // coefficients (f32, or f64 for f64) and whether its ReLU is fused, and with the second
         // operand optionally a [2, C] gate on it (the backward of a ReLU after batch norm).
         NnOp::BatchNormStats | NnOp::BatchNormApply => (
-            shape(2..=4),
+            norm_operands(dtype),
             proptest::bool::ANY,
             proptest::bool::ANY,
             proptest::bool::ANY,
         )
-            .prop_flat_map(move |(s, with_y, relu, gated)| {
-                let coef = input(vec![3, s[1]], stats_dtype(dtype), Domain::Any, 2);
-                let gate = input(vec![2, s[1]], stats_dtype(dtype), Domain::Any, 3);
-                let y = input(s.clone(), dtype, Domain::Any, 1);
+            .prop_flat_map(move |((x, y), with_y, relu, gated)| {
+                let c = x.shape[1];
+                let coef = input(vec![3, c], stats_dtype(dtype), Domain::Any, 2);
+                let gate = input(vec![2, c], stats_dtype(dtype), Domain::Any, 3);
                 (
-                    (input(s, dtype, Domain::Any, 0), y),
+                    (Just(x), Just(y)),
                     (coef, gate),
                     Just((with_y, relu, gated && with_y)),
                 )
@@ -508,21 +521,18 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                 ..make(vec![x, w, b, m, v], vec![])
             })
             .boxed(),
-        // x [N, C, ..] and its gradient (one view, as in a network), the forward's
+        // x [N, C, ..] and its gradient (mostly in one view, as in a network), the forward's
         // [mean; rstd] (rstd > 0), a [C] weight used or not, and optionally a [2, C] gate on
         // the gradient.
-        NnOp::BatchNormGradStatsCoef => (norm_activation(), 0u8..2, proptest::bool::ANY)
-            .prop_flat_map(move |((s, view), operands, gated)| {
-                let sd = stats_dtype(dtype);
+        NnOp::BatchNormGradStatsCoef => (norm_operands(dtype), 0u8..2, proptest::bool::ANY)
+            .prop_flat_map(move |((x, g), operands, gated)| {
+                let (sd, c) = (stats_dtype(dtype), x.shape[1]);
                 (
+                    (Just(x), Just(g)),
                     (
-                        viewed(s.clone(), view, dtype, Domain::Any, 0),
-                        viewed(s.clone(), view, dtype, Domain::Any, 1),
-                    ),
-                    (
-                        input(vec![2, s[1]], sd, Domain::Positive, 2),
-                        input(vec![s[1]], sd, Domain::Any, 3),
-                        input(vec![2, s[1]], sd, Domain::Any, 4),
+                        input(vec![2, c], sd, Domain::Positive, 2),
+                        input(vec![c], sd, Domain::Any, 3),
+                        input(vec![2, c], sd, Domain::Any, 4),
                     ),
                     Just((operands, gated)),
                 )
