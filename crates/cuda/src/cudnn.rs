@@ -449,6 +449,15 @@ impl Cudnn {
         out
     }
 
+    /// Calls that added into the written operand (β = 1) so far, over every plan.
+    pub fn added_in_place(&self) -> u64 {
+        let plans = self.plans.prepared();
+        plans
+            .iter()
+            .map(|(_, p)| p.added.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Whether cuDNN can run here, as far as its calls have said.
     pub fn usable(&self) -> bool {
         self.plans.unusable().is_none()

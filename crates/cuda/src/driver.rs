@@ -676,7 +676,8 @@ impl Gpu for CudaDriver {
             .with_algorithms(
                 self.dnn().ok().map(Cudnn::choosing),
                 self.dnn().map(Cudnn::choices).unwrap_or_default(),
-            ),
+            )
+            .with_added_in_place(self.dnn().map(Cudnn::added_in_place).unwrap_or(0)),
             // Loaded for cuDNN's runtime-compiled engines; beside cuDNN only.
             Library::new(
                 "NVRTC",

@@ -265,6 +265,8 @@ pub struct Library {
     pub algorithms: Option<String>,
     /// The algorithm each prepared plan runs, a line each (cuDNN).
     pub choices: Vec<String>,
+    /// Calls that added their result into a waiting gradient (cuDNN's β = 1) so far.
+    pub added_in_place: u64,
 }
 
 impl Library {
@@ -277,12 +279,18 @@ impl Library {
             loaded,
             algorithms: None,
             choices: Vec::new(),
+            added_in_place: 0,
         }
     }
 
     pub fn with_algorithms(mut self, how: Option<String>, choices: Vec<String>) -> Self {
         self.algorithms = how;
         self.choices = choices;
+        self
+    }
+
+    pub fn with_added_in_place(mut self, calls: u64) -> Self {
+        self.added_in_place = calls;
         self
     }
 }

@@ -778,8 +778,9 @@ impl fmt::Display for Op {
 /// A compute device's kernels and memory. Object-safe; shared as `Arc<dyn Backend>` by
 /// [`Device`](crate::Device).
 ///
-/// Every op writes a **new** storage, except those that say they update one in place
-/// (`copy_into`, `scatter_add`, `upload_into`, the optimizer family and
+/// Every op writes a **new** storage, except where its doc says it updates one in place
+/// (`copy_into`, `scatter_add`, the `upload_into` calls, the optimizer family, the running
+/// statistics of the batch-norm coefficient calls, the random stream's offset and
 /// `conv2d_input_grad_accumulate`). Output layouts passed in as `out` are
 /// dense (every element once, any axis order — row-major or channels-last). The front end has
 /// already checked shapes, dtypes and [`supports`](Self::supports); a backend may still return
