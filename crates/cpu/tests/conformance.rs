@@ -118,6 +118,12 @@ fn cross_entropy_without_ignore_index_keeps_every_sample() {
 }
 
 #[test]
+fn non_finite_values_as_the_reference() {
+    redline_testkit::conformance::non_finite_values_as_the_reference(&CpuBackend::device())
+        .unwrap();
+}
+
+#[test]
 fn conv_weight_grad_in_the_weights_order() {
     use redline_testkit::conformance::conv_weight_grad_in_the_weights_order as check;
     check(&CpuBackend::device()).unwrap();

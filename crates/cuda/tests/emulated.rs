@@ -1077,6 +1077,11 @@ fn cross_entropy_without_ignore_index_keeps_every_sample() {
 }
 
 #[test]
+fn non_finite_values_as_the_reference() {
+    redline_testkit::conformance::non_finite_values_as_the_reference(&device()).unwrap();
+}
+
+#[test]
 fn random_stream_follows_its_device_offset() {
     redline_testkit::conformance::random_stream_follows_its_device_offset(&device());
 }

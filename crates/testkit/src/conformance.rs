@@ -129,7 +129,9 @@ fn close(got: &[f64], want: &[f64], dtype: DType, what: &str) -> Result<(), Stri
     }
     let (rtol, atol) = tolerance(dtype);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= atol + rtol * w.abs();
+        // An infinite reference matches only itself: |g - inf| <= rtol * inf holds for any g.
+        let near = w.is_finite() && (g - w).abs() <= atol + rtol * w.abs();
+        let ok = (g.is_nan() && w.is_nan()) || g == w || near;
         if !ok {
             return Err(format!(
                 "{what}[{i}] = {g}, reference {w} (tolerance {rtol} rel, {atol} abs)"
@@ -593,6 +595,91 @@ pub fn conv_input_grad_into_a_waiting_gradient(device: &Device) -> Result<(), St
             let want = run(&reference, dtype, k, last)
                 .map_err(|e| format!("{what} on the reference: {e}"))?;
             close(&got, &want, dtype, &what)?;
+        }
+    }
+    Ok(())
+}
+
+/// Non-finite values through the ops whose handling of them the reference defines, against
+/// the reference in every float dtype the device declares: ReLU sends NaN and -inf to 0 and
+/// keeps +inf (NaN is not above 0), as does its gradient's mask and batch norm's fused ReLU;
+/// maximum and minimum propagate NaN (PyTorch's); comparisons and arithmetic are IEEE's (NaN
+/// equals nothing, itself included; inf - inf is NaN). The random cases never draw these
+/// values, and a shading language need not keep them: WGSL's `max(x, 0)` may return either
+/// operand for a NaN.
+pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String> {
+    use redline_tensor::{NnOp, Result, UnaryOp};
+    const A: [f64; 10] = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.5,
+        -2.0,
+        f64::NAN,
+        f64::INFINITY,
+        3.0,
+    ];
+    const B: [f64; 10] = [
+        1.0,
+        f64::INFINITY,
+        f64::INFINITY,
+        f64::NAN,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -2.0,
+        f64::NAN,
+        f64::NEG_INFINITY,
+        0.0,
+    ];
+    let tensor = |d: &Device, dtype: DType, values: &[f64], shape: &[usize]| {
+        let mut bytes = vec![0u8; values.len() * dtype.size()];
+        for (i, &v) in values.iter().enumerate() {
+            dtype.write(&mut bytes, i, v);
+        }
+        Tensor::from_bytes(bytes, dtype, shape, d)
+    };
+    let supports = |op: Op, dtype: DType| device.backend().supports(op, dtype);
+    let reference = Device::reference();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let what = |op: &str| format!("{}: {dtype} {op} of {A:?} and {B:?}", device.name());
+        let both = |op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| {
+            let got = run(device).and_then(|t| t.to_f64_vec());
+            let want = run(&reference).and_then(|t| t.to_f64_vec());
+            match (got, want) {
+                (Ok(got), Ok(want)) => close(&got, &want, dtype, &what(op)),
+                (Err(e), _) => Err(format!("{}: {e}", what(op))),
+                (_, Err(e)) => Err(format!("{} on the reference: {e}", what(op))),
+            }
+        };
+        if supports(Op::Unary(UnaryOp::Relu), dtype) {
+            both("relu", &|d| tensor(d, dtype, &A, &[10])?.relu())?;
+        }
+        for &op in BinaryOp::ALL {
+            // pow's non-finite cases are libm's, not a semantics the suite defines.
+            if op == BinaryOp::Pow || !supports(Op::Binary(op), dtype) {
+                continue;
+            }
+            both(&format!("{op:?}"), &|d| {
+                tensor(d, dtype, &A, &[10])?.binary(op, &tensor(d, dtype, &B, &[10])?)
+            })?;
+        }
+        if supports(Op::Nn(NnOp::BatchNormApply), dtype) {
+            // coef rows [a; b; d] = 1, 0, 1: relu(x) and relu(x + y), fused.
+            let coef = |d: &Device| {
+                let stats = redline_tensor::stats_dtype(dtype);
+                tensor(d, stats, &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0], &[3, 2])
+            };
+            both("batch_norm_apply relu", &|d| {
+                let x = tensor(d, dtype, &A, &[1, 2, 1, 5])?;
+                x.batch_norm_apply(None, &coef(d)?, true, None)
+            })?;
+            both("batch_norm_apply relu(x + y)", &|d| {
+                let x = tensor(d, dtype, &A, &[1, 2, 1, 5])?;
+                let y = tensor(d, dtype, &B, &[1, 2, 1, 5])?;
+                x.batch_norm_apply(Some(&y), &coef(d)?, true, None)
+            })?;
         }
     }
     Ok(())

@@ -87,6 +87,11 @@ fn map_index(base: u32, i: u32) -> u32 {
 fn param_f32(at: u32) -> f32 {
     return bitcast<f32>(params[at]);
 }
+
+// NaN by its bits: WGSL lets a compiler assume no NaN in comparisons and min/max.
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
 "#,
     );
     s

@@ -308,3 +308,10 @@ fn cross_entropy_without_ignore_index_keeps_every_sample() {
     let Some((device, _)) = device() else { return };
     redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(&device);
 }
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
+fn non_finite_values_as_the_reference() {
+    let Some((device, _)) = device() else { return };
+    redline_testkit::conformance::non_finite_values_as_the_reference(&device).unwrap();
+}

@@ -269,6 +269,11 @@ pub fn run(options: &Options) -> bool {
         let mut report = conformance(&device, options.cases, &Op::all())?;
         redline_testkit::events::check_events(&device)?;
         report["events"] = json!("downloads ordered after an event (copy stream): right");
+        redline_testkit::conformance::non_finite_values_as_the_reference(&device)?;
+        report["non_finite_values"] = json!(
+            "NaN and ±inf through ReLU, the fused batch-norm ReLU and every binary op but pow: \
+             as the reference"
+        );
         redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&device)?;
         report["conv_weight_grad_layouts"] =
             json!("OIHW and channels-last (KRSC) weight gradients match the reference");

@@ -14,7 +14,8 @@ pub(crate) fn unary_expr(op: UnaryOp) -> &'static str {
         UnaryOp::Log => "log(a)",
         UnaryOp::Sqrt => "sqrt(a)",
         UnaryOp::Rsqrt => "inverseSqrt(a)",
-        UnaryOp::Relu => "max(a, 0.0)",
+        // NaN is not above 0, so it goes to 0 as in the reference (`max` may keep either).
+        UnaryOp::Relu => "select(0.0, a, a > 0.0)",
         UnaryOp::Gelu => "0.5 * a * (1.0 + erf(a * 0.70710678))",
         UnaryOp::GeluGrad => {
             "0.5 * (1.0 + erf(a * 0.70710678)) + a * exp(-0.5 * a * a) * 0.39894228"
@@ -32,11 +33,13 @@ pub(crate) fn binary_expr(op: BinaryOp) -> &'static str {
         BinaryOp::Mul => "a * b",
         BinaryOp::Div => "a / b",
         BinaryOp::Pow => "pow(a, b)",
-        BinaryOp::Maximum => "max(a, b)",
-        BinaryOp::Minimum => "min(a, b)",
+        // NaN propagates, as PyTorch's maximum and minimum (WGSL's may return the other).
+        BinaryOp::Maximum => "select(select(max(a, b), b, is_nan(b)), a, is_nan(a))",
+        BinaryOp::Minimum => "select(select(min(a, b), b, is_nan(b)), a, is_nan(a))",
         BinaryOp::ReluGrad => "select(0.0, b, a > 0.0)",
         BinaryOp::Eq => "select(0.0, 1.0, a == b)",
-        BinaryOp::Ne => "select(0.0, 1.0, a != b)",
+        // Not `a != b`: an ordered comparison, false where either is NaN.
+        BinaryOp::Ne => "select(0.0, 1.0, !(a == b))",
         BinaryOp::Lt => "select(0.0, 1.0, a < b)",
         BinaryOp::Le => "select(0.0, 1.0, a <= b)",
         BinaryOp::Gt => "select(0.0, 1.0, a > b)",
