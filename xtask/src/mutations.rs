@@ -102,6 +102,12 @@ const MUTATIONS: &[Mutation] = &[
         mutated: "x[((b * H + iy) * W + ix) * cols + (j + 1) % cols];",
     },
     Mutation {
+        name: "packed max pool pointing an all -inf window at the plane's first element",
+        file: "pool.cu",
+        original: "if (beats(e, best[k]) || where[k] < 0) {",
+        mutated: "if (beats(e, best[k])) {",
+    },
+    Mutation {
         name: "packed max-pool gradient adding its neighbour channel's gradient",
         file: "pool.cu",
         original: "here ? Num<T>::load(v.v[k]) : (A)0;",

@@ -73,10 +73,10 @@ __global__ void max_pool2d(const T *__restrict__ x, Strided xs, T *__restrict__ 
         i64 b, c, oy, ox;
         coords4(o, channels_inner, C, HO, WO, b, c, oy, ox);
         A best = -infinity<A>();
-        i64 where = 0;
+        i64 where = -1;  // until the window's first element: an all -inf window points there
         each_in_window(oy, ox, g, H, W, [&](i64 iy, i64 ix) {
             const A v = Num<T>::load(at4(x, xs, b, c, iy, ix));
-            if (beats(v, best)) {
+            if (beats(v, best) || where < 0) {
                 best = v;
                 where = iy * W + ix;
             }
@@ -163,14 +163,14 @@ __global__ void max_pool2d_packed(const Pack16<T> *__restrict__ x, Pack16<T> *__
 #pragma unroll
         for (int k = 0; k < K; k++) {
             best[k] = -infinity<A>();
-            where[k] = 0;
+            where[k] = -1;  // as in max_pool2d
         }
         each_in_window(oy, ox, g, H, W, [&](i64 iy, i64 ix) {
             const Pack16<T> v = x[((b * H + iy) * W + ix) * cols + j];
 #pragma unroll
             for (int k = 0; k < K; k++) {
                 const A e = Num<T>::load(v.v[k]);
-                if (beats(e, best[k])) {
+                if (beats(e, best[k]) || where[k] < 0) {
                     best[k] = e;
                     where[k] = iy * W + ix;
                 }

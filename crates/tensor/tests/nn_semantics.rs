@@ -303,6 +303,33 @@ fn pooling_and_convolution_geometry_errors_are_clear() {
     assert_eq!(y.shape(), [1, 2, 2, 2]);
 }
 
+/// PyTorch's max pooling: the first NaN in a window wins it, and a window of -inf alone keeps
+/// -inf and sends its gradient to its own first element (not to the plane's first).
+#[test]
+fn max_pooling_takes_nan_and_points_an_all_negative_infinity_window_at_itself() {
+    let dev = Device::reference();
+    let (inf, nan) = (f64::INFINITY, f64::NAN);
+    // 2×3 plane: (1, NaN, NaN) over (-inf, -inf, 2); 1×2 windows.
+    let x = t(&[1.0, nan, nan, -inf, -inf, 2.0], &[1, 1, 2, 3], &dev).with_requires_grad(true);
+    let p = Pool2dParams {
+        kernel: [1, 2],
+        stride: [1, 1],
+        padding: [0, 0],
+    };
+    let y = x.max_pool2d(p).unwrap();
+    let v = y.to_vec::<f64>().unwrap();
+    assert!(v[0].is_nan() && v[1].is_nan());
+    assert_eq!(v[2..], [-inf, 2.0]);
+    let w = t(&[1.0, 10.0, 100.0, 1000.0], &[1, 1, 2, 2], &dev);
+    let loss = y.mul(&w).and_then(|l| l.sum(&[], false)).unwrap();
+    loss.backward().unwrap();
+    // NaN's first position takes both NaN windows' (1 + 10); (-inf, -inf) points at its first.
+    assert_eq!(
+        x.grad().unwrap().to_vec::<f64>().unwrap(),
+        [0.0, 11.0, 0.0, 100.0, 0.0, 1000.0]
+    );
+}
+
 #[test]
 fn a_batch_norm_gate_masks_the_gradient_where_the_relu_was_closed() {
     let dev = Device::reference();

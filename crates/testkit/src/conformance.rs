@@ -602,13 +602,14 @@ pub fn conv_input_grad_into_a_waiting_gradient(device: &Device) -> Result<(), St
 
 /// Non-finite values through the ops whose handling of them the reference defines, against
 /// the reference in every float dtype the device declares: ReLU sends NaN and -inf to 0 and
-/// keeps +inf (NaN is not above 0), as does its gradient's mask and batch norm's fused ReLU;
-/// maximum and minimum propagate NaN (PyTorch's); comparisons and arithmetic are IEEE's (NaN
-/// equals nothing, itself included; inf - inf is NaN). The random cases never draw these
-/// values, and a shading language need not keep them: WGSL's `max(x, 0)` may return either
-/// operand for a NaN.
+/// keeps +inf (NaN is not above 0), as do its gradient's mask and batch norm's fused ReLU;
+/// maximum, minimum, max, argmax and max pooling take NaN over any number (the first NaN, for
+/// argmax and pooling's positions) and -inf as a value (PyTorch's); comparisons, sums and
+/// softmax are IEEE's (NaN equals nothing, itself included; inf - inf is NaN). The random cases
+/// never draw these values, and a shading language need not keep them: WGSL's `max(x, 0)` may
+/// return either operand for a NaN.
 pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String> {
-    use redline_tensor::{NnOp, Result, UnaryOp};
+    use redline_tensor::{NnOp, ReduceOp, Result, UnaryOp};
     const A: [f64; 10] = [
         f64::NAN,
         f64::INFINITY,
@@ -633,6 +634,16 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
         f64::NEG_INFINITY,
         0.0,
     ];
+    // Rows for reductions and pooling: infinite sums, inf - inf, NaN among numbers (twice),
+    // all -inf (ties), signed zeros.
+    #[rustfmt::skip]
+    const R: [f64; 25] = [
+        1.0, f64::INFINITY, -2.0, 3.0, 0.0,
+        f64::INFINITY, f64::NEG_INFINITY, 1.0, 2.0, 3.0,
+        -1.0, f64::NAN, 5.0, f64::NAN, 2.0,
+        f64::NEG_INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY,
+        -3.0, -1.0, -2.0, -0.0, -5.0,
+    ];
     let tensor = |d: &Device, dtype: DType, values: &[f64], shape: &[usize]| {
         let mut bytes = vec![0u8; values.len() * dtype.size()];
         for (i, &v) in values.iter().enumerate() {
@@ -643,7 +654,7 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
     let supports = |op: Op, dtype: DType| device.backend().supports(op, dtype);
     let reference = Device::reference();
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let what = |op: &str| format!("{}: {dtype} {op} of {A:?} and {B:?}", device.name());
+        let what = |op: &str| format!("{}: {dtype} {op}", device.name());
         let both = |op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| {
             let got = run(device).and_then(|t| t.to_f64_vec());
             let want = run(&reference).and_then(|t| t.to_f64_vec());
@@ -654,16 +665,79 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
             }
         };
         if supports(Op::Unary(UnaryOp::Relu), dtype) {
-            both("relu", &|d| tensor(d, dtype, &A, &[10])?.relu())?;
+            both(&format!("relu of {A:?}"), &|d| {
+                tensor(d, dtype, &A, &[10])?.relu()
+            })?;
         }
         for &op in BinaryOp::ALL {
             // pow's non-finite cases are libm's, not a semantics the suite defines.
             if op == BinaryOp::Pow || !supports(Op::Binary(op), dtype) {
                 continue;
             }
-            both(&format!("{op:?}"), &|d| {
+            both(&format!("{op:?} of {A:?} and {B:?}"), &|d| {
                 tensor(d, dtype, &A, &[10])?.binary(op, &tensor(d, dtype, &B, &[10])?)
             })?;
+        }
+        // Along either axis of R.
+        type AlongAxis = fn(&Tensor, usize) -> Result<Tensor>;
+        let along: [(Op, AlongAxis); 5] = [
+            (Op::Reduce(ReduceOp::Sum), |x, a| x.sum(&[a], false)),
+            (Op::Reduce(ReduceOp::Max), |x, a| x.max(&[a], false)),
+            (Op::Reduce(ReduceOp::ArgMax), |x, a| x.argmax(a, false)),
+            (Op::Nn(NnOp::Softmax), |x, a| x.softmax(a)),
+            (Op::Nn(NnOp::LogSoftmax), |x, a| x.log_softmax(a)),
+        ];
+        for (op, run) in along.into_iter().filter(|&(op, _)| supports(op, dtype)) {
+            for axis in [0, 1] {
+                both(&format!("{op:?} over axis {axis} of {R:?}"), &|d| {
+                    run(&tensor(d, dtype, &R, &[5, 5])?, axis)
+                })?;
+            }
+        }
+        if supports(Op::Nn(NnOp::MaxPool2d), dtype) && supports(Op::Nn(NnOp::MaxPool2dGrad), dtype)
+        {
+            // Overlapping 2×2 windows, and 1×2 ones (four all -inf): the first NaN wins a
+            // window, else the first maximum; the gradient goes where the value came from.
+            // NCHW with one channel, and channels-last with 8 (R rotated by 3k in channel k:
+            // whole 16-byte packs of every dtype).
+            let planes: Vec<f64> = (0..8)
+                .flat_map(|k| (0..25).map(move |i| R[(i + 3 * k) % 25]))
+                .collect();
+            let inputs = [(&planes[..25], 1, false), (&planes[..], 8, true)];
+            for (kernel, (values, c, last)) in [[2, 2], [1, 2]]
+                .into_iter()
+                .flat_map(|k| inputs.map(|i| (k, i)))
+            {
+                let p = Pool2dParams {
+                    kernel,
+                    stride: [1, 1],
+                    padding: [0, 0],
+                };
+                let input = |d: &Device| -> Result<Tensor> {
+                    let x = tensor(d, dtype, values, &[1, c, 5, 5])?;
+                    if last {
+                        x.to_channels_last()
+                    } else {
+                        Ok(x)
+                    }
+                };
+                let label = format!(
+                    "{kernel:?} max_pool2d over {c} channel(s) of {R:?}{}",
+                    if last { ", channels-last" } else { "" }
+                );
+                both(&label, &|d| input(d)?.max_pool2d(p))?;
+                both(&format!("{label}: gradient"), &|d| {
+                    let x = input(d)?.with_requires_grad(true);
+                    let y = x.max_pool2d(p)?;
+                    let n = y.shape().iter().product::<usize>();
+                    let ramp: Vec<f64> = (1..=n).map(|i| (i % 64) as f64).collect();
+                    y.mul(&tensor(d, dtype, &ramp, y.shape())?)?
+                        .sum(&[], false)?
+                        .backward()?;
+                    x.grad()
+                        .ok_or_else(|| TensorError::Autograd("no input gradient".into()))
+                })?;
+            }
         }
         if supports(Op::Nn(NnOp::BatchNormApply), dtype) {
             // coef rows [a; b; d] = 1, 0, 1: relu(x) and relu(x + y), fused.
@@ -671,15 +745,18 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
                 let stats = redline_tensor::stats_dtype(dtype);
                 tensor(d, stats, &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0], &[3, 2])
             };
-            both("batch_norm_apply relu", &|d| {
+            both(&format!("batch_norm_apply relu of {A:?}"), &|d| {
                 let x = tensor(d, dtype, &A, &[1, 2, 1, 5])?;
                 x.batch_norm_apply(None, &coef(d)?, true, None)
             })?;
-            both("batch_norm_apply relu(x + y)", &|d| {
-                let x = tensor(d, dtype, &A, &[1, 2, 1, 5])?;
-                let y = tensor(d, dtype, &B, &[1, 2, 1, 5])?;
-                x.batch_norm_apply(Some(&y), &coef(d)?, true, None)
-            })?;
+            both(
+                &format!("batch_norm_apply relu(x + y) of {A:?} and {B:?}"),
+                &|d| {
+                    let x = tensor(d, dtype, &A, &[1, 2, 1, 5])?;
+                    let y = tensor(d, dtype, &B, &[1, 2, 1, 5])?;
+                    x.batch_norm_apply(Some(&y), &coef(d)?, true, None)
+                },
+            )?;
         }
     }
     Ok(())

@@ -98,10 +98,12 @@ pub(crate) fn max_pool2d(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layout) 
             let (vs, ats) = unsafe { (vo.slice(i * per_out..(i + 1) * per_out), ao.slice(i * per_out..(i + 1) * per_out)) };
             for oy in 0..plane.ho {
                 for ox in 0..plane.wo {
-                    let (mut best, mut pos) = (C::NEG_INFINITY, 0);
+                    // (No position until the window's first element: an all -inf window
+                    // points there, as PyTorch's.)
+                    let (mut best, mut pos) = (C::NEG_INFINITY, usize::MAX);
                     plane.window(oy, ox, |iy, ix| {
                         let v = src[base + iy * sy + ix * sx];
-                        if v > best || (v.is_nan() && !best.is_nan()) {
+                        if v > best || (v.is_nan() && !best.is_nan()) || pos == usize::MAX {
                             (best, pos) = (v, iy * plane.w + ix);
                         }
                     });
@@ -147,11 +149,16 @@ fn max_pool2d_channels_last(x: &Data, xl: &Layout, p: &Pool2dParams, out: &Layou
                 };
                 for ox in 0..wo {
                     best.fill(C::NEG_INFINITY);
-                    pos.fill(0);
+                    let mut first = true;
                     plane.window(oy, ox, |iy, ix| {
                         let px = &src[((b * plane.h + iy) * plane.w + ix) * c..][..c];
                         // (< 2³² per plane: checked by the caller.)
                         let here = (iy * plane.w + ix) as u32;
+                        // An all -inf window points at its first element.
+                        if first {
+                            pos.fill(here);
+                            first = false;
+                        }
                         // Branch-free (vectorised): the first maximum, NaN beating numbers.
                         for ((v, bst), p) in px.iter().zip(best.iter_mut()).zip(pos.iter_mut()) {
                             // (`|`, `&`: no short circuit, so the loop stays branch-free.)

@@ -271,8 +271,8 @@ pub fn run(options: &Options) -> bool {
         report["events"] = json!("downloads ordered after an event (copy stream): right");
         redline_testkit::conformance::non_finite_values_as_the_reference(&device)?;
         report["non_finite_values"] = json!(
-            "NaN and ±inf through ReLU, the fused batch-norm ReLU and every binary op but pow: \
-             as the reference"
+            "NaN and ±inf through ReLU, the fused batch-norm ReLU, every binary op but pow, \
+             the reductions, softmax and max pooling: as the reference"
         );
         redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&device)?;
         report["conv_weight_grad_layouts"] =

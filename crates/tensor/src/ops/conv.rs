@@ -307,7 +307,8 @@ pub(crate) mod reference {
         }
     }
 
-    /// (max values, flat in-plane positions of the first maximum).
+    /// (max values, flat in-plane positions of the first maximum: the first NaN, or the
+    /// window's first element where all are -inf, as PyTorch's).
     pub fn max_pool2d(
         x: &[f64],
         xs: &[usize],
@@ -316,6 +317,7 @@ pub(crate) mod reference {
     ) -> (Vec<f64>, Vec<f64>) {
         let (mut y, mut at) = (vec![f64::NEG_INFINITY; len], vec![0.0; len]);
         windows(xs, p, |o, inside, base| {
+            at[o] = inside.first().map_or(0.0, |&pos| pos as f64);
             for &pos in inside {
                 let v = x[base + pos];
                 if v > y[o] || (v.is_nan() && !y[o].is_nan()) {

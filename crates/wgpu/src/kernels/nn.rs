@@ -251,8 +251,10 @@ pub(crate) fn pool(
         src.push_str(MAIN_1D);
         let (init, update, finish) = if max {
             (
-                "var best = -3.4e38; var at = 0u;",
-                "if (v > best) { best = v; at = u32(hi) * geo(3u) + u32(wi); }",
+                // The window's first element, then the first NaN or a greater value (the
+                // reference's): an all -inf window keeps -inf and its first position.
+                "var best = 0.0; var at = 0xffffffffu;",
+                "if (at == 0xffffffffu || (!is_nan(best) && (is_nan(v) || v > best))) { best = v; at = u32(hi) * geo(3u) + u32(wi); }",
                 "store_y(strided4(OUT, n, c, ho, wo), best); store_q(strided4(OUT, n, c, ho, wo), f32(at));",
             )
         } else {

@@ -36,16 +36,28 @@ pub(crate) fn run(
     } else {
         x.dtype
     };
-    let (init, combine) = match op {
-        ReduceOp::Sum => ("0.0", "acc = acc + v;"),
-        ReduceOp::Max => ("-3.4e38", "acc = max(acc, v);"),
-        ReduceOp::ArgMax => ("-3.4e38", "if (v > acc) { acc = v; arg = j; }"),
+    // -inf to start (WGSL has no literal for it); a NaN, once met, stays (the first, for
+    // argmax), as in the reference and PyTorch.
+    let init = match op {
+        ReduceOp::Sum => "0.0",
+        ReduceOp::Max | ReduceOp::ArgMax => "bitcast<f32>(0xff800000u)",
+    };
+    let combine = match op {
+        ReduceOp::Sum => "acc = acc + v;",
+        ReduceOp::Max => "if (!is_nan(acc) && (is_nan(v) || v > acc)) { acc = v; }",
+        ReduceOp::ArgMax => "if (!is_nan(acc) && (is_nan(v) || v > acc)) { acc = v; arg = j; }",
     };
     let merge = match op {
         ReduceOp::Sum => "sh[t] = sh[t] + sh[t + s];",
-        ReduceOp::Max => "sh[t] = max(sh[t], sh[t + s]);",
+        ReduceOp::Max => {
+            "if (!is_nan(sh[t]) && (is_nan(sh[t + s]) || sh[t + s] > sh[t])) { sh[t] = sh[t + s]; }"
+        }
+        // The greater, the earlier of equals, the earlier of two NaNs, a NaN over a number.
         ReduceOp::ArgMax => {
-            "if (sh[t + s] > sh[t] || (sh[t + s] == sh[t] && sa[t + s] < sa[t])) { sh[t] = sh[t + s]; sa[t] = sa[t + s]; }"
+            "let na = is_nan(sh[t]); let nb = is_nan(sh[t + s]); let earlier = sa[t + s] < sa[t];
+            var take = sh[t + s] > sh[t] || (sh[t + s] == sh[t] && earlier);
+            if (na || nb) { take = nb && (!na || earlier); }
+            if (take) { sh[t] = sh[t + s]; sa[t] = sa[t + s]; }"
         }
     };
     let key = format!("reduce|{op:?}|{:?}", x.dtype);
