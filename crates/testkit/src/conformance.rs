@@ -694,6 +694,23 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
                 })?;
             }
         }
+        if supports(Op::Nn(NnOp::CrossEntropy), dtype) {
+            // The fused loss and its logits' gradient: a NaN or inf logit must reach both
+            // (GradScaler skips the step on the gradient).
+            for what in ["loss", "gradient"] {
+                both(&format!("cross-entropy {what} over rows of {R:?}"), &|d| {
+                    let x = tensor(d, dtype, &R, &[5, 5])?.with_requires_grad(true);
+                    let targets = Tensor::from_slice(&[1i64, 0, 2, 4, 3], &[5], d)?;
+                    let loss = x.cross_entropy(&targets, 0.1, None)?;
+                    if what == "loss" {
+                        return Ok(loss);
+                    }
+                    loss.backward()?;
+                    x.grad()
+                        .ok_or_else(|| TensorError::Autograd("no logits' gradient".into()))
+                })?;
+            }
+        }
         if supports(Op::Nn(NnOp::MaxPool2d), dtype) && supports(Op::Nn(NnOp::MaxPool2dGrad), dtype)
         {
             // Overlapping 2×2 windows, and 1×2 ones (four all -inf): the first NaN wins a

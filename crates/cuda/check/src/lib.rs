@@ -272,7 +272,7 @@ pub fn run(options: &Options) -> bool {
         redline_testkit::conformance::non_finite_values_as_the_reference(&device)?;
         report["non_finite_values"] = json!(
             "NaN and ±inf through ReLU, the fused batch-norm ReLU, every binary op but pow, \
-             the reductions, softmax and max pooling: as the reference"
+             the reductions, softmax, cross-entropy and max pooling: as the reference"
         );
         redline_testkit::conformance::conv_weight_grad_in_the_weights_order(&device)?;
         report["conv_weight_grad_layouts"] =
