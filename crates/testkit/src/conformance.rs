@@ -609,7 +609,7 @@ pub fn conv_input_grad_into_a_waiting_gradient(device: &Device) -> Result<(), St
 /// never draw these values, and a shading language need not keep them: WGSL's `max(x, 0)` may
 /// return either operand for a NaN.
 pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String> {
-    use redline_tensor::{NnOp, ReduceOp, Result, UnaryOp};
+    use redline_tensor::{NnOp, OtherOp, ReduceOp, Result, UnaryOp};
     const A: [f64; 10] = [
         f64::NAN,
         f64::INFINITY,
@@ -664,6 +664,26 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
                 (_, Err(e)) => Err(format!("{} on the reference: {e}", what(op))),
             }
         };
+        if supports(Op::Other(OtherOp::Convert), dtype) {
+            // Into dtype from f32 past its range (to ±inf, as IEEE's round to nearest: f16's
+            // largest is 65504, and 65520 rounds up to inf), and back out of it.
+            #[rustfmt::skip]
+            const WIDE: [f64; 10] = [
+                1e5, -1e5, 65504.0, 65519.0, 65520.0, 3.4e38, f64::INFINITY, f64::NAN,
+                f64::NEG_INFINITY, 1e-8,
+            ];
+            both(&format!("cast of f32 {WIDE:?}"), &|d| {
+                tensor(d, DType::F32, &WIDE, &[10])?.cast(dtype)
+            })?;
+            both(&format!("cast to f32 of {A:?}"), &|d| {
+                tensor(d, dtype, &A, &[10])?.cast(DType::F32)
+            })?;
+            // Sums past the range overflow to inf in dtype, not to its largest finite value.
+            both("60000 + 60000 and 3e38 + 3e38", &|d| {
+                let big = tensor(d, dtype, &[6e4, -6e4, 3e38, -3e38], &[4])?;
+                big.add(&big)
+            })?;
+        }
         if supports(Op::Unary(UnaryOp::Relu), dtype) {
             both(&format!("relu of {A:?}"), &|d| {
                 tensor(d, dtype, &A, &[10])?.relu()
