@@ -205,6 +205,35 @@ fn a_skipped_adamw_step_does_not_advance_the_step_count() {
     assert_eq!(steps, [4.0, 4.0]);
 }
 
+/// Half-precision parameters count their steps in f32: a bf16 count stops at 256 (256 + 1
+/// rounds back to 256), which would freeze AdamW's bias correction from there on.
+#[test]
+fn half_precision_parameters_count_steps_past_their_dtypes_integers() {
+    let device = CpuBackend::device();
+    for dtype in [DType::BF16, DType::F16] {
+        let w = tensor(&[0.5, -1.0], &[2], dtype, &device).with_requires_grad(true);
+        let mut opt = AdamW::new(
+            vec![ParamGroup::new(vec![w.clone()], 0.0)],
+            0.9,
+            0.999,
+            1e-8,
+        )
+        .unwrap();
+        w.mul(&tensor(&[1.0, -1.0], &[2], dtype, &device))
+            .and_then(|l| l.sum(&[], false))
+            .and_then(|l| l.backward())
+            .unwrap();
+        for _ in 0..2_100 {
+            opt.step(1e-6, None).unwrap();
+        }
+        let (_, step) = (opt.state().into_iter())
+            .find(|(n, _)| n.starts_with("step."))
+            .expect("a step count");
+        assert_eq!(step.to_f64_vec().unwrap(), [2_100.0], "{dtype}");
+        assert_eq!(step.dtype(), DType::F32, "{dtype}");
+    }
+}
+
 #[test]
 fn lars_scales_each_layer_by_its_trust_ratio() {
     let device = Device::reference();

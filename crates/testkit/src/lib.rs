@@ -19,6 +19,7 @@ pub mod conformance;
 pub mod events;
 pub mod gradcheck;
 pub mod graphs;
+mod non_finite;
 pub mod strategies;
 pub mod timing;
 pub mod training;

@@ -248,19 +248,28 @@ impl WgpuBackend {
     }
 
     /// Counts an optimizer step (unless `found`) and hands the update its device scalars.
+    /// `s` as an optimizer kernel's scalar operand.
+    fn scalar<'a>(&'a self, s: &'a Storage) -> Result<kernels::optim::Scalar<'a>> {
+        Ok(kernels::optim::Scalar {
+            buffer: self.buffer(s)?,
+            dtype: s.dtype(),
+        })
+    }
+
+    /// The step (counted here unless `found` is set), learning rate and flag of an update.
     fn step_scalars<'a>(
         &'a self,
         step: &'a Storage,
         lr: &'a Storage,
-        found: &wgpu::Buffer,
+        found: &'a Storage,
     ) -> Result<kernels::optim::StepScalars<'a>> {
-        let step_buffer = self.buffer(step)?;
-        kernels::optim::count_step(&self.ctx, step.dtype(), step_buffer, found)?;
-        Ok(kernels::optim::StepScalars {
-            step: step_buffer,
-            lr: self.buffer(lr)?,
-            lr_dtype: lr.dtype(),
-        })
+        let at = kernels::optim::StepScalars {
+            step: self.scalar(step)?,
+            lr: self.scalar(lr)?,
+            found: self.scalar(found)?,
+        };
+        kernels::optim::count_step(&self.ctx, at.step, at.found)?;
+        Ok(at)
     }
 }
 
@@ -686,8 +695,7 @@ impl Backend for WgpuBackend {
             return Ok(());
         };
         let zero = self.fill(first.dtype(), 1, 0.0)?;
-        let found = self.buffer(found_inf.unwrap_or(&zero))?;
-        let at = self.step_scalars(step, lr, found)?;
+        let at = self.step_scalars(step, lr, found_inf.unwrap_or(&zero))?;
         for (i, param) in params.iter().enumerate() {
             let m = match momentum.get(i) {
                 Some(m) if p.momentum != 0.0 => Some(self.buffer(m)?),
@@ -695,7 +703,7 @@ impl Backend for WgpuBackend {
             };
             let (pb, gb) = (self.buffer(param)?, self.buffer(grads[i])?);
             let dtype = param.dtype();
-            kernels::optim::sgd(&self.ctx, dtype, pb, gb, m, found, &at, param.len(), p)?;
+            kernels::optim::sgd(&self.ctx, dtype, pb, gb, m, &at, param.len(), p)?;
         }
         Ok(())
     }
@@ -749,8 +757,7 @@ impl Backend for WgpuBackend {
             return Ok(());
         };
         let zero = self.fill(first.dtype(), 1, 0.0)?;
-        let found = self.buffer(found_inf.unwrap_or(&zero))?;
-        let at = self.step_scalars(step, lr, found)?;
+        let at = self.step_scalars(step, lr, found_inf.unwrap_or(&zero))?;
         for (i, param) in params.iter().enumerate() {
             let buffers = (
                 self.buffer(param)?,
@@ -766,7 +773,6 @@ impl Backend for WgpuBackend {
                 buffers.2,
                 buffers.3,
                 &at,
-                found,
                 param.len(),
                 p,
             )?;
@@ -780,7 +786,7 @@ impl Backend for WgpuBackend {
         inv_scale: &Storage,
         found_inf: &Storage,
     ) -> Result<()> {
-        let (inv, found) = (self.buffer(inv_scale)?, self.buffer(found_inf)?);
+        let (inv, found) = (self.scalar(inv_scale)?, self.scalar(found_inf)?);
         for g in grads {
             kernels::optim::unscale_check(
                 &self.ctx,
@@ -801,12 +807,8 @@ impl Backend for WgpuBackend {
         found_inf: &Storage,
         p: &ScalerParams,
     ) -> Result<()> {
-        let buffers = (
-            self.buffer(scale)?,
-            self.buffer(tracker)?,
-            self.buffer(found_inf)?,
-        );
-        kernels::optim::scaler_update(&self.ctx, scale.dtype(), buffers.0, buffers.1, buffers.2, p)
+        let (scale, tracker) = (self.scalar(scale)?, self.scalar(tracker)?);
+        kernels::optim::scaler_update(&self.ctx, scale, tracker, self.scalar(found_inf)?, p)
     }
 }
 

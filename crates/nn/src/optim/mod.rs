@@ -169,14 +169,16 @@ impl DeviceLr {
 }
 
 /// One-element step counts, one per group (none for an empty group), on the device: the
-/// update ops count only applied steps.
+/// update ops count only applied steps. In f32 for half-precision parameters, as the learning
+/// rate: bf16 counts exactly only to 256 and f16 to 2,048, where `+ 1` stops moving the count
+/// and AdamW's bias correction would freeze.
 fn step_counts(groups: &[ParamGroup]) -> Result<Vec<Option<Tensor>>> {
     groups
         .iter()
         .map(|g| {
             g.params
                 .first()
-                .map(|p| Tensor::zeros(&[1], p.dtype(), p.device()))
+                .map(|p| Tensor::zeros(&[1], stats_dtype(p.dtype()), p.device()))
                 .transpose()
         })
         .collect()

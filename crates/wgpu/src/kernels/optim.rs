@@ -11,11 +11,27 @@ const NON_FINITE: &str = r#"
 fn non_finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u; }
 "#;
 
-/// The device scalars an update reads: its (already counted) step and the learning rate.
+/// A one-element device tensor and its dtype: each is read in its own, whatever the tensors
+/// it steers hold (a GradScaler's f32 flag and scale beside f16 gradients, PyTorch's too).
+#[derive(Clone, Copy)]
+pub(crate) struct Scalar<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub dtype: DType,
+}
+
+/// The device scalars an update reads: its (already counted) step, the learning rate, and the
+/// found-inf flag that skips it.
 pub(crate) struct StepScalars<'a> {
-    pub step: &'a wgpu::Buffer,
-    pub lr: &'a wgpu::Buffer,
-    pub lr_dtype: DType,
+    pub step: Scalar<'a>,
+    pub lr: Scalar<'a>,
+    pub found: Scalar<'a>,
+}
+
+/// A pipeline's cache key: its name and every dtype its bindings read.
+fn key(name: &str, dtypes: &[DType]) -> String {
+    dtypes
+        .iter()
+        .fold(name.to_string(), |k, d| format!("{k}|{d:?}"))
 }
 
 /// One SGD update of `p` (and its momentum buffer `m`) from `g` at learning rate
@@ -27,20 +43,19 @@ pub(crate) fn sgd(
     p: &wgpu::Buffer,
     g: &wgpu::Buffer,
     m: Option<&wgpu::Buffer>,
-    found: &wgpu::Buffer,
     at: &StepScalars<'_>,
     len: usize,
     hp: &SgdParams,
 ) -> Result<()> {
     let momentum = m.is_some();
-    let key = format!("sgd|{momentum}|{dtype:?}|{:?}", at.lr_dtype);
-    let pipeline = ctx.pipeline(&key, || {
-        let mut src = shader::prelude(&[dtype, at.lr_dtype]);
+    let dtypes = [dtype, at.found.dtype, at.step.dtype, at.lr.dtype];
+    let pipeline = ctx.pipeline(&key(&format!("sgd|{momentum}"), &dtypes), || {
+        let mut src = shader::prelude(&dtypes);
         src.push_str(&shader::inout("p", 1, dtype));
         src.push_str(&shader::input("g", 2, dtype));
-        src.push_str(&shader::input("f", 3, dtype));
-        src.push_str(&shader::input("s", 4, dtype));
-        src.push_str(&shader::input("lr", 5, at.lr_dtype));
+        src.push_str(&shader::input("f", 3, at.found.dtype));
+        src.push_str(&shader::input("s", 4, at.step.dtype));
+        src.push_str(&shader::input("lr", 5, at.lr.dtype));
         if momentum {
             src.push_str(&shader::inout("m", 6, dtype));
         }
@@ -73,27 +88,29 @@ pub(crate) fn sgd(
         f(hp.weight_decay),
         hp.nesterov as u32,
     ];
-    let mut buffers = vec![p, g, found, at.step, at.lr];
+    let mut buffers = vec![p, g, at.found.buffer, at.step.buffer, at.lr.buffer];
     buffers.extend(m);
     ctx.dispatch(&pipeline, &params, &buffers, None, grid(len, 256))
 }
 
 /// `step += 1` unless `found` is set (the optimizers count only applied steps).
-pub(crate) fn count_step(
-    ctx: &Context,
-    dtype: DType,
-    step: &wgpu::Buffer,
-    found: &wgpu::Buffer,
-) -> Result<()> {
-    let pipeline = ctx.pipeline(&format!("count_step|{dtype:?}"), || {
-        let mut src = shader::prelude(&[dtype]);
-        src.push_str(&shader::inout("s", 1, dtype));
-        src.push_str(&shader::input("f", 2, dtype));
+pub(crate) fn count_step(ctx: &Context, step: Scalar<'_>, found: Scalar<'_>) -> Result<()> {
+    let dtypes = [step.dtype, found.dtype];
+    let pipeline = ctx.pipeline(&key("count_step", &dtypes), || {
+        let mut src = shader::prelude(&dtypes);
+        src.push_str(&shader::inout("s", 1, step.dtype));
+        src.push_str(&shader::input("f", 2, found.dtype));
         // `params[0]` is always 0; reading it keeps the parameter binding in the layout.
         src.push_str("@compute @workgroup_size(1)\nfn main() {\n    if (params[0] == 0u && load_f(0u) == 0.0) { store_s(0u, load_s(0u) + 1.0); }\n}\n");
         src
     });
-    ctx.dispatch(&pipeline, &[0], &[step, found], None, [1, 1, 1])
+    ctx.dispatch(
+        &pipeline,
+        &[0],
+        &[step.buffer, found.buffer],
+        None,
+        [1, 1, 1],
+    )
 }
 
 /// One AdamW update of `p`, `m`, `v` from `g` at the (already counted) step and learning rate
@@ -107,20 +124,19 @@ pub(crate) fn adamw(
     m: &wgpu::Buffer,
     v: &wgpu::Buffer,
     at: &StepScalars<'_>,
-    found: &wgpu::Buffer,
     len: usize,
     hp: &AdamWParams,
 ) -> Result<()> {
-    let key = format!("adamw|{dtype:?}|{:?}", at.lr_dtype);
-    let pipeline = ctx.pipeline(&key, || {
-        let mut src = shader::prelude(&[dtype, at.lr_dtype]);
+    let dtypes = [dtype, at.step.dtype, at.found.dtype, at.lr.dtype];
+    let pipeline = ctx.pipeline(&key("adamw", &dtypes), || {
+        let mut src = shader::prelude(&dtypes);
         src.push_str(&shader::inout("p", 1, dtype));
         src.push_str(&shader::input("g", 2, dtype));
         src.push_str(&shader::inout("m", 3, dtype));
         src.push_str(&shader::inout("sq", 4, dtype));
-        src.push_str(&shader::input("s", 5, dtype));
-        src.push_str(&shader::input("f", 6, dtype));
-        src.push_str(&shader::input("lr", 7, at.lr_dtype));
+        src.push_str(&shader::input("s", 5, at.step.dtype));
+        src.push_str(&shader::input("f", 6, at.found.dtype));
+        src.push_str(&shader::input("lr", 7, at.lr.dtype));
         src.push_str(MAIN_1D);
         src.push_str(
             r#"    if (i >= params[0] || load_f(0u) != 0.0) { return; }
@@ -153,7 +169,7 @@ pub(crate) fn adamw(
     ctx.dispatch(
         &pipeline,
         &params,
-        &[p, g, m, v, at.step, found, at.lr],
+        &[p, g, m, v, at.step.buffer, at.found.buffer, at.lr.buffer],
         None,
         grid(len, 256),
     )
@@ -164,16 +180,17 @@ pub(crate) fn unscale_check(
     ctx: &Context,
     dtype: DType,
     g: &wgpu::Buffer,
-    inv: &wgpu::Buffer,
-    found: &wgpu::Buffer,
+    inv: Scalar<'_>,
+    found: Scalar<'_>,
     len: usize,
 ) -> Result<()> {
-    let pipeline = ctx.pipeline(&format!("unscale|{dtype:?}"), || {
-        let mut src = shader::prelude(&[dtype]);
+    let dtypes = [dtype, inv.dtype, found.dtype];
+    let pipeline = ctx.pipeline(&key("unscale", &dtypes), || {
+        let mut src = shader::prelude(&dtypes);
         src.push_str(NON_FINITE);
         src.push_str(&shader::inout("g", 1, dtype));
-        src.push_str(&shader::input("s", 2, dtype));
-        src.push_str(&shader::inout("f", 3, dtype));
+        src.push_str(&shader::input("s", 2, inv.dtype));
+        src.push_str(&shader::inout("f", 3, found.dtype));
         src.push_str(MAIN_1D);
         src.push_str(
             r#"    if (i >= params[0]) { return; }
@@ -189,7 +206,7 @@ pub(crate) fn unscale_check(
     ctx.dispatch(
         &pipeline,
         &[len as u32],
-        &[g, inv, found],
+        &[g, inv.buffer, found.buffer],
         None,
         grid(len, 256),
     )
@@ -198,17 +215,17 @@ pub(crate) fn unscale_check(
 /// GradScaler's update on the device (one thread), then clears `found`.
 pub(crate) fn scaler_update(
     ctx: &Context,
-    dtype: DType,
-    scale: &wgpu::Buffer,
-    tracker: &wgpu::Buffer,
-    found: &wgpu::Buffer,
+    scale: Scalar<'_>,
+    tracker: Scalar<'_>,
+    found: Scalar<'_>,
     hp: &ScalerParams,
 ) -> Result<()> {
-    let pipeline = ctx.pipeline(&format!("scaler|{dtype:?}"), || {
-        let mut src = shader::prelude(&[dtype]);
-        src.push_str(&shader::inout("s", 1, dtype));
-        src.push_str(&shader::inout("t", 2, dtype));
-        src.push_str(&shader::inout("f", 3, dtype));
+    let dtypes = [scale.dtype, tracker.dtype, found.dtype];
+    let pipeline = ctx.pipeline(&key("scaler", &dtypes), || {
+        let mut src = shader::prelude(&dtypes);
+        src.push_str(&shader::inout("s", 1, scale.dtype));
+        src.push_str(&shader::inout("t", 2, tracker.dtype));
+        src.push_str(&shader::inout("f", 3, found.dtype));
         src.push_str(
             r#"@compute @workgroup_size(1)
 fn main() {
@@ -235,7 +252,7 @@ fn main() {
     ctx.dispatch(
         &pipeline,
         &params,
-        &[scale, tracker, found],
+        &[scale.buffer, tracker.buffer, found.buffer],
         None,
         [1, 1, 1],
     )

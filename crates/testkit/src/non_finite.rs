@@ -1,0 +1,317 @@
+//! NaN and ±inf through every op whose handling of them the reference defines: the values the
+//! conformance suite's drawn cases never hold, and what mixed precision's overflow detection
+//! and the optimizers' skip rely on.
+
+use redline_tensor::{BinaryOp, DType, Device, Op, Pool2dParams, Tensor, TensorError};
+
+use crate::conformance::close;
+
+/// Non-finite values through the ops whose handling of them the reference defines, against
+/// the reference in every float dtype the device declares: ReLU sends NaN and -inf to 0 and
+/// keeps +inf (NaN is not above 0), as do its gradient's mask and batch norm's fused ReLU;
+/// maximum, minimum, max, argmax and max pooling take NaN over any number (the first NaN, for
+/// argmax and pooling's positions) and -inf as a value (PyTorch's); comparisons, sums and
+/// softmax are IEEE's (NaN equals nothing, itself included; inf - inf is NaN). The random cases
+/// never draw these values, and a shading language need not keep them: WGSL's `max(x, 0)` may
+/// return either operand for a NaN.
+pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String> {
+    use redline_tensor::{
+        AdamWParams, NnOp, OptimOp, OtherOp, ReduceOp, Result, SgdParams, UnaryOp,
+    };
+    const A: [f64; 10] = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.5,
+        -2.0,
+        f64::NAN,
+        f64::INFINITY,
+        3.0,
+    ];
+    const B: [f64; 10] = [
+        1.0,
+        f64::INFINITY,
+        f64::INFINITY,
+        f64::NAN,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -2.0,
+        f64::NAN,
+        f64::NEG_INFINITY,
+        0.0,
+    ];
+    // Rows for reductions and pooling: infinite sums, inf - inf, NaN among numbers (twice),
+    // all -inf (ties), signed zeros.
+    #[rustfmt::skip]
+    const R: [f64; 25] = [
+        1.0, f64::INFINITY, -2.0, 3.0, 0.0,
+        f64::INFINITY, f64::NEG_INFINITY, 1.0, 2.0, 3.0,
+        -1.0, f64::NAN, 5.0, f64::NAN, 2.0,
+        f64::NEG_INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY,
+        -3.0, -1.0, -2.0, -0.0, -5.0,
+    ];
+    let tensor = |d: &Device, dtype: DType, values: &[f64], shape: &[usize]| {
+        let mut bytes = vec![0u8; values.len() * dtype.size()];
+        for (i, &v) in values.iter().enumerate() {
+            dtype.write(&mut bytes, i, v);
+        }
+        Tensor::from_bytes(bytes, dtype, shape, d)
+    };
+    let supports = |op: Op, dtype: DType| device.backend().supports(op, dtype);
+    let reference = Device::reference();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let what = |op: &str| format!("{}: {dtype} {op}", device.name());
+        let both = |op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| {
+            let got = run(device).and_then(|t| t.to_f64_vec());
+            let want = run(&reference).and_then(|t| t.to_f64_vec());
+            match (got, want) {
+                (Ok(got), Ok(want)) => close(&got, &want, dtype, &what(op)),
+                (Err(e), _) => Err(format!("{}: {e}", what(op))),
+                (_, Err(e)) => Err(format!("{} on the reference: {e}", what(op))),
+            }
+        };
+        if supports(Op::Other(OtherOp::Convert), dtype) {
+            // Into dtype from f32 past its range (to ±inf, as IEEE's round to nearest: f16's
+            // largest is 65504, and 65520 rounds up to inf), and back out of it.
+            #[rustfmt::skip]
+            const WIDE: [f64; 10] = [
+                1e5, -1e5, 65504.0, 65519.0, 65520.0, 3.4e38, f64::INFINITY, f64::NAN,
+                f64::NEG_INFINITY, 1e-8,
+            ];
+            both(&format!("cast of f32 {WIDE:?}"), &|d| {
+                tensor(d, DType::F32, &WIDE, &[10])?.cast(dtype)
+            })?;
+            both(&format!("cast to f32 of {A:?}"), &|d| {
+                tensor(d, dtype, &A, &[10])?.cast(DType::F32)
+            })?;
+            // Sums past the range overflow to inf in dtype, not to its largest finite value.
+            both("60000 + 60000 and 3e38 + 3e38", &|d| {
+                let big = tensor(d, dtype, &[6e4, -6e4, 3e38, -3e38], &[4])?;
+                big.add(&big)
+            })?;
+        }
+        if supports(Op::Unary(UnaryOp::Relu), dtype) {
+            both(&format!("relu of {A:?}"), &|d| {
+                tensor(d, dtype, &A, &[10])?.relu()
+            })?;
+        }
+        for &op in BinaryOp::ALL {
+            // pow's non-finite cases are libm's, not a semantics the suite defines.
+            if op == BinaryOp::Pow || !supports(Op::Binary(op), dtype) {
+                continue;
+            }
+            both(&format!("{op:?} of {A:?} and {B:?}"), &|d| {
+                tensor(d, dtype, &A, &[10])?.binary(op, &tensor(d, dtype, &B, &[10])?)
+            })?;
+        }
+        // Along either axis of R.
+        type AlongAxis = fn(&Tensor, usize) -> Result<Tensor>;
+        let along: [(Op, AlongAxis); 5] = [
+            (Op::Reduce(ReduceOp::Sum), |x, a| x.sum(&[a], false)),
+            (Op::Reduce(ReduceOp::Max), |x, a| x.max(&[a], false)),
+            (Op::Reduce(ReduceOp::ArgMax), |x, a| x.argmax(a, false)),
+            (Op::Nn(NnOp::Softmax), |x, a| x.softmax(a)),
+            (Op::Nn(NnOp::LogSoftmax), |x, a| x.log_softmax(a)),
+        ];
+        for (op, run) in along.into_iter().filter(|&(op, _)| supports(op, dtype)) {
+            for axis in [0, 1] {
+                both(&format!("{op:?} over axis {axis} of {R:?}"), &|d| {
+                    run(&tensor(d, dtype, &R, &[5, 5])?, axis)
+                })?;
+            }
+        }
+        if supports(Op::Nn(NnOp::CrossEntropy), dtype) {
+            // The fused loss and its logits' gradient: a NaN or inf logit must reach both
+            // (GradScaler skips the step on the gradient).
+            for what in ["loss", "gradient"] {
+                both(&format!("cross-entropy {what} over rows of {R:?}"), &|d| {
+                    let x = tensor(d, dtype, &R, &[5, 5])?.with_requires_grad(true);
+                    let targets = Tensor::from_slice(&[1i64, 0, 2, 4, 3], &[5], d)?;
+                    let loss = x.cross_entropy(&targets, 0.1, None)?;
+                    if what == "loss" {
+                        return Ok(loss);
+                    }
+                    loss.backward()?;
+                    x.grad()
+                        .ok_or_else(|| TensorError::Autograd("no logits' gradient".into()))
+                })?;
+            }
+        }
+        if supports(Op::Nn(NnOp::MaxPool2d), dtype) && supports(Op::Nn(NnOp::MaxPool2dGrad), dtype)
+        {
+            // Overlapping 2×2 windows, and 1×2 ones (four all -inf): the first NaN wins a
+            // window, else the first maximum; the gradient goes where the value came from.
+            // NCHW with one channel, and channels-last with 8 (R rotated by 3k in channel k:
+            // whole 16-byte packs of every dtype).
+            let planes: Vec<f64> = (0..8)
+                .flat_map(|k| (0..25).map(move |i| R[(i + 3 * k) % 25]))
+                .collect();
+            let inputs = [(&planes[..25], 1, false), (&planes[..], 8, true)];
+            for (kernel, (values, c, last)) in [[2, 2], [1, 2]]
+                .into_iter()
+                .flat_map(|k| inputs.map(|i| (k, i)))
+            {
+                let p = Pool2dParams {
+                    kernel,
+                    stride: [1, 1],
+                    padding: [0, 0],
+                };
+                let input = |d: &Device| -> Result<Tensor> {
+                    let x = tensor(d, dtype, values, &[1, c, 5, 5])?;
+                    if last {
+                        x.to_channels_last()
+                    } else {
+                        Ok(x)
+                    }
+                };
+                let label = format!(
+                    "{kernel:?} max_pool2d over {c} channel(s) of {R:?}{}",
+                    if last { ", channels-last" } else { "" }
+                );
+                both(&label, &|d| input(d)?.max_pool2d(p))?;
+                both(&format!("{label}: gradient"), &|d| {
+                    let x = input(d)?.with_requires_grad(true);
+                    let y = x.max_pool2d(p)?;
+                    let n = y.shape().iter().product::<usize>();
+                    let ramp: Vec<f64> = (1..=n).map(|i| (i % 64) as f64).collect();
+                    y.mul(&tensor(d, dtype, &ramp, y.shape())?)?
+                        .sum(&[], false)?
+                        .backward()?;
+                    x.grad()
+                        .ok_or_else(|| TensorError::Autograd("no input gradient".into()))
+                })?;
+            }
+        }
+        if supports(Op::Optim(OptimOp::UnscaleCheck), dtype) {
+            // GradScaler's check over three gradients, one holding `bad`, into an f32 flag that
+            // starts at `raised`: the flag goes up on NaN, inf or -inf in any of them, and stays
+            // up once up; the gradients are unscaled either way.
+            for (bad, raised) in [
+                (f64::NAN, 0.0),
+                (f64::INFINITY, 0.0),
+                (f64::NEG_INFINITY, 0.0),
+                (2.0, 0.0),
+                (2.0, 1.0),
+            ] {
+                both(
+                    &format!("unscale_check with {bad} among the gradients, flag at {raised}"),
+                    &|d| {
+                        let grads = [
+                            tensor(d, dtype, &[1.0, -2.0, 3.0], &[3])?,
+                            tensor(d, dtype, &[4.0, bad, 5.0], &[3])?,
+                            tensor(d, dtype, &[6.0, 8.0], &[2])?,
+                        ];
+                        let found = tensor(d, DType::F32, &[raised], &[1])?;
+                        let inv_scale = tensor(d, DType::F32, &[0.5], &[1])?;
+                        redline_tensor::optim::unscale_check(
+                            &grads.each_ref(),
+                            &inv_scale,
+                            &found,
+                        )?;
+                        let flat: Vec<Tensor> = grads
+                            .iter()
+                            .chain([&found.cast(dtype)?])
+                            .map(|t| t.flatten())
+                            .collect::<Result<_>>()?;
+                        Tensor::concat(&flat.iter().collect::<Vec<_>>(), 0)
+                    },
+                )?;
+            }
+        }
+        // The optimizers read GradScaler's f32 flag, step and learning rate beside parameters
+        // of any dtype: a raised flag leaves everything, the step included, as it was.
+        for raised in [0.0, 1.0] {
+            let scalars = |d: &Device| -> Result<[Tensor; 3]> {
+                let f32s = |v: f64| tensor(d, DType::F32, &[v], &[1]);
+                Ok([f32s(1.0)?, f32s(0.1)?, f32s(raised)?])
+            };
+            let joined = |ts: &[&Tensor]| -> Result<Tensor> {
+                let flat: Vec<Tensor> = (ts.iter())
+                    .map(|t| t.cast(dtype)?.flatten())
+                    .collect::<Result<_>>()?;
+                Tensor::concat(&flat.iter().collect::<Vec<_>>(), 0)
+            };
+            let state = |d: &Device, values: &[f64]| tensor(d, dtype, values, &[3]);
+            if supports(Op::Optim(OptimOp::Sgd), dtype) {
+                both(&format!("sgd with an f32 flag at {raised}"), &|d| {
+                    let [step, lr, found] = scalars(d)?;
+                    let (p, g) = (state(d, &[1.0, -2.0, 3.0])?, state(d, &[0.5, 0.5, -1.0])?);
+                    let m = state(d, &[0.25, 0.0, -0.5])?;
+                    let hp = SgdParams {
+                        lr_scale: 1.0,
+                        momentum: 0.5,
+                        dampening: 0.0,
+                        weight_decay: 0.0,
+                        nesterov: false,
+                    };
+                    redline_tensor::optim::sgd(&[&p], &[&g], &[&m], &step, &lr, &hp, Some(&found))?;
+                    joined(&[&p, &m, &step])
+                })?;
+            }
+            if supports(Op::Optim(OptimOp::AdamW), dtype) {
+                both(&format!("adamw with an f32 flag at {raised}"), &|d| {
+                    let [step, lr, found] = scalars(d)?;
+                    let (p, g) = (state(d, &[1.0, -2.0, 3.0])?, state(d, &[0.5, 0.5, -1.0])?);
+                    let (m, v) = (state(d, &[0.25, 0.0, -0.5])?, state(d, &[0.5, 0.25, 1.0])?);
+                    let hp = AdamWParams {
+                        lr_scale: 1.0,
+                        beta1: 0.5,
+                        beta2: 0.75,
+                        eps: 1e-3,
+                        weight_decay: 0.0,
+                    };
+                    let (ps, gs, ms, vs) = ([&p], [&g], [&m], [&v]);
+                    redline_tensor::optim::adamw(
+                        &ps,
+                        &gs,
+                        &ms,
+                        &vs,
+                        &step,
+                        &lr,
+                        &hp,
+                        Some(&found),
+                    )?;
+                    joined(&[&p, &m, &v, &step])
+                })?;
+            }
+        }
+        if supports(Op::Optim(OptimOp::SumSquares), dtype) {
+            // Gradient clipping's norm: inf from an inf, NaN from a NaN, in any of the tensors.
+            for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                both(
+                    &format!("sum_squares with {bad} in the second of three"),
+                    &|d| {
+                        let ts = [
+                            tensor(d, dtype, &[1.0, -2.0], &[2])?,
+                            tensor(d, dtype, &[3.0, bad], &[2])?,
+                            tensor(d, dtype, &[4.0], &[1])?,
+                        ];
+                        redline_tensor::optim::sum_squares(&ts.each_ref())
+                    },
+                )?;
+            }
+        }
+        if supports(Op::Nn(NnOp::BatchNormApply), dtype) {
+            // coef rows [a; b; d] = 1, 0, 1: relu(x) and relu(x + y), fused.
+            let coef = |d: &Device| {
+                let stats = redline_tensor::stats_dtype(dtype);
+                tensor(d, stats, &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0], &[3, 2])
+            };
+            both(&format!("batch_norm_apply relu of {A:?}"), &|d| {
+                let x = tensor(d, dtype, &A, &[1, 2, 1, 5])?;
+                x.batch_norm_apply(None, &coef(d)?, true, None)
+            })?;
+            both(
+                &format!("batch_norm_apply relu(x + y) of {A:?} and {B:?}"),
+                &|d| {
+                    let x = tensor(d, dtype, &A, &[1, 2, 1, 5])?;
+                    let y = tensor(d, dtype, &B, &[1, 2, 1, 5])?;
+                    x.batch_norm_apply(Some(&y), &coef(d)?, true, None)
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
