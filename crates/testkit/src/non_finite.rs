@@ -313,5 +313,30 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
             )?;
         }
     }
+    // Into integers: toward zero, saturating, NaN to 0 (Rust's `as`, which the reference
+    // uses; C's and WGSL's conversions leave these undefined or indeterminate).
+    #[rustfmt::skip]
+    const TO_INT: [f64; 10] = [
+        f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 3e9, -3e9, 1e20, 300.0, 255.7, -1.5, 2.5,
+    ];
+    for int in [DType::U8, DType::I32, DType::I64] {
+        if !supports(Op::Other(OtherOp::Convert), int) {
+            continue;
+        }
+        // The integers, and read back into f32 (both words of an i64).
+        let run = |d: &Device| -> Result<[Vec<f64>; 2]> {
+            let ints = tensor(d, DType::F32, &TO_INT, &[10])?.cast(int)?;
+            Ok([ints.to_f64_vec()?, ints.cast(DType::F32)?.to_f64_vec()?])
+        };
+        let what = format!(
+            "{}: cast of f32 {TO_INT:?} to {int} and back",
+            device.name()
+        );
+        let got = run(device).map_err(|e| format!("{what}: {e}"))?;
+        let want = run(&reference).map_err(|e| format!("{what} on the reference: {e}"))?;
+        if got != want {
+            return Err(format!("{what}: {got:?}, reference {want:?}"));
+        }
+    }
     Ok(())
 }

@@ -92,6 +92,39 @@ fn param_f32(at: u32) -> f32 {
 fn is_nan(v: f32) -> bool {
     return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
 }
+
+// Floats into integers as Rust's `as` (the reference's): toward zero, saturating, NaN to 0.
+// WGSL leaves NaN indeterminate and saturates i32 at 2^31 - 128 (the last f32 below 2^31).
+fn to_u8(v: f32) -> u32 {
+    return u32(select(clamp(v, 0.0, 255.0), 0.0, is_nan(v)));
+}
+fn to_i32(v: f32) -> i32 {
+    if (is_nan(v)) { return 0; }
+    if (v >= 2147483648.0) { return 2147483647; }
+    return i32(v);
+}
+// An i64 as its (low, high) words: the magnitude's integer part split at 2^32 (exact: below
+// 2^63 an f32's remainder modulo 2^32 has at most 24 significant bits), then negated in two's
+// complement where v is negative.
+fn to_i64(v: f32) -> vec2<u32> {
+    if (is_nan(v)) { return vec2<u32>(0u, 0u); }
+    if (v >= 9223372036854775808.0) { return vec2<u32>(0xffffffffu, 0x7fffffffu); }
+    if (v <= -9223372036854775808.0) { return vec2<u32>(0u, 0x80000000u); }
+    let m = trunc(abs(v));
+    let high = floor(m / 4294967296.0);
+    let w = vec2<u32>(u32(m - high * 4294967296.0), u32(high));
+    if (v >= 0.0) { return w; }
+    let low = ~w.x + 1u;
+    return vec2<u32>(low, ~w.y + select(0u, 1u, low == 0u));
+}
+// Back into f32 by the magnitude's words, so a small negative value does not round away in
+// high·2^32 + low.
+fn from_i64(low: u32, high: u32) -> f32 {
+    if ((high & 0x80000000u) == 0u) { return f32(high) * 4294967296.0 + f32(low); }
+    let nl = ~low + 1u;
+    let nh = ~high + select(0u, 1u, nl == 0u);
+    return -(f32(nh) * 4294967296.0 + f32(nl));
+}
 "#,
     );
     s
@@ -107,9 +140,10 @@ pub(crate) fn input(name: &str, binding: u32, dtype: DType) -> String {
             "u32",
             format!("return f32(({name}[at / 4u] >> ((at % 4u) * 8u)) & 0xffu);"),
         ),
-        DType::I64 | DType::F64 | DType::BF16 => {
-            ("u32", format!("return f32(bitcast<i32>({name}[2u * at]));"))
-        }
+        DType::I64 | DType::F64 | DType::BF16 => (
+            "u32",
+            format!("return from_i64({name}[2u * at], {name}[2u * at + 1u]);"),
+        ),
     };
     format!(
         "@group(0) @binding({binding}) var<storage, read> {name}: array<{ty}>;\nfn load_{name}(at: u32) -> f32 {{ {load} }}\n"
@@ -122,14 +156,14 @@ pub(crate) fn output(name: &str, binding: u32, dtype: DType) -> String {
     let (ty, store) = match dtype {
         DType::F32 => ("f32".to_string(), format!("{name}[at] = v;")),
         DType::F16 => ("f16".to_string(), format!("{name}[at] = f16(v);")),
-        DType::I32 => ("i32".to_string(), format!("{name}[at] = i32(v);")),
+        DType::I32 => ("i32".to_string(), format!("{name}[at] = to_i32(v);")),
         DType::U8 => (
             "atomic<u32>".to_string(),
-            format!("atomicOr(&{name}[at / 4u], (u32(clamp(v, 0.0, 255.0)) & 0xffu) << ((at % 4u) * 8u));"),
+            format!("atomicOr(&{name}[at / 4u], to_u8(v) << ((at % 4u) * 8u));"),
         ),
         DType::I64 | DType::F64 | DType::BF16 => (
             "u32".to_string(),
-            format!("let w = i32(v); {name}[2u * at] = bitcast<u32>(w); {name}[2u * at + 1u] = select(0u, 0xffffffffu, w < 0);"),
+            format!("let w = to_i64(v); {name}[2u * at] = w.x; {name}[2u * at + 1u] = w.y;"),
         ),
     };
     format!(
@@ -156,7 +190,7 @@ pub(crate) fn inout(name: &str, binding: u32, dtype: DType) -> String {
         DType::I32 => (
             "i32",
             format!("return f32({name}[at]);"),
-            format!("{name}[at] = i32(v);"),
+            format!("{name}[at] = to_i32(v);"),
         ),
         _ => (
             "f32",
