@@ -102,7 +102,7 @@ const MUTATIONS: &[Mutation] = &[
         mutated: "x[((b * H + iy) * W + ix) * cols + (j + 1) % cols];",
     },
     Mutation {
-        name: "packed max pool pointing an all -inf window at the plane's first element",
+        name: "packed max pool losing the position of a window of -inf alone",
         file: "pool.cu",
         original: "if (beats(e, best[k]) || where[k] < 0) {",
         mutated: "if (beats(e, best[k])) {",

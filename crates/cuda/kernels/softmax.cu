@@ -53,11 +53,14 @@ __global__ void __launch_bounds__(SOFTMAX_THREADS)
         A m = -infinity<A>();
         for (i64 k = threadIdx.x; k < c; k += blockDim.x) m = MaxOp()(m, Num<T>::load(x[position(xs, r * c + k)]));
         m = block_all(m, MaxOp());
+        // Σ (v − m), not Σ v: the smoothing term is then log s − mean(v − m), with no
+        // cancellation of large logits against lse and no overflow of Σ v (whose inf times a
+        // smoothing of 0 would be NaN).
         A s = (A)0, total = (A)0;
         for (i64 k = threadIdx.x; k < c; k += blockDim.x) {
             const A v = Num<T>::load(x[position(xs, r * c + k)]);
             s += exp(v - m);
-            total += v;
+            total += v - m;
         }
         s = block_all(s, SumOp());
         total = block_all(total, SumOp());
@@ -65,7 +68,7 @@ __global__ void __launch_bounds__(SOFTMAX_THREADS)
         if (threadIdx.x == 0) {
             A loss = (A)0;
             if (kept && (t < 0 || t >= c)) loss = infinity<A>() - infinity<A>();  // NaN
-            else if (kept) loss = ((A)1 - eps) * (lse - Num<T>::load(x[position(xs, r * c + t)])) + eps * (lse - total / (A)c);
+            else if (kept) loss = ((A)1 - eps) * (lse - Num<T>::load(x[position(xs, r * c + t)])) + eps * (log(s) - total / (A)c);
             rows[r] = loss;
         }
         if (grad == nullptr) continue;

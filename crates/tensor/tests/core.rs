@@ -207,3 +207,38 @@ fn an_async_download_reads_what_a_download_reads() {
         [0, 3, 6, 9, 12, 15]
     );
 }
+
+/// An optimizer's device scalars are one-element float tensors of any float dtype; an integer
+/// step or flag is refused by name (a backend might read it as a float).
+#[test]
+fn optimizer_scalars_must_be_one_element_floats() {
+    use redline_tensor::{optim, SgdParams};
+    let dev = Device::reference();
+    let p = t(&[1., 2.], &[2], &dev);
+    let g = t(&[0.5, 0.5], &[2], &dev);
+    let f32_one = Tensor::full(1.0, &[1], DType::F32, &dev).unwrap();
+    let hp = SgdParams {
+        lr_scale: 1.0,
+        momentum: 0.0,
+        dampening: 0.0,
+        weight_decay: 0.0,
+        nesterov: false,
+    };
+    let int_step = Tensor::full(0.0, &[1], DType::I64, &dev).unwrap();
+    let err = optim::sgd(&[&p], &[&g], &[], &int_step, &f32_one, &hp, None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("sgd: step must be a float tensor, got i64"),
+        "{err}"
+    );
+    let two = Tensor::full(1.0, &[2], DType::F32, &dev).unwrap();
+    let err = optim::unscale_check(&[&g], &two, &f32_one).unwrap_err();
+    assert!(
+        err.to_string().contains("inv_scale must be a one-element"),
+        "{err}"
+    );
+    // An f32 step, rate and flag beside f64 parameters are fine.
+    let zero = Tensor::full(0.0, &[1], DType::F32, &dev).unwrap();
+    optim::sgd(&[&p], &[&g], &[], &zero, &f32_one, &hp, Some(&zero)).unwrap();
+    assert_eq!(p.to_f64_vec().unwrap(), [0.5, 1.5]);
+}

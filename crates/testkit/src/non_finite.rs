@@ -92,10 +92,12 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
                 big.add(&big)
             })?;
         }
-        if supports(Op::Unary(UnaryOp::Relu), dtype) {
-            both(&format!("relu of {A:?}"), &|d| {
-                tensor(d, dtype, &A, &[10])?.relu()
-            })?;
+        for &op in UnaryOp::ALL {
+            if supports(Op::Unary(op), dtype) {
+                both(&format!("{op:?} of {A:?}"), &|d| {
+                    tensor(d, dtype, &A, &[10])?.unary(op)
+                })?;
+            }
         }
         for &op in BinaryOp::ALL {
             // pow's non-finite cases are libm's, not a semantics the suite defines.
@@ -121,6 +123,58 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
                     run(&tensor(d, dtype, &R, &[5, 5])?, axis)
                 })?;
             }
+        }
+        if dtype == DType::F32 {
+            // A row whose values all lie below -3.4e38 (f32's range ends at -3.4028e38): its
+            // maximum is one of them, not a stand-in for -inf.
+            const LOW: [f64; 3] = [-3.4028e38, -3.401e38, -3.4015e38];
+            for (op, run) in [
+                (
+                    NnOp::Softmax,
+                    (|x, _| x.softmax(1)) as fn(&Tensor, &Tensor) -> Result<Tensor>,
+                ),
+                (NnOp::LogSoftmax, |x, _| x.log_softmax(1)),
+                (NnOp::CrossEntropy, |x, t| x.cross_entropy(t, 0.1, None)),
+            ] {
+                if supports(Op::Nn(op), dtype) {
+                    both(&format!("{op:?} of {LOW:?}"), &|d| {
+                        let targets = Tensor::from_slice(&[1i64], &[1], d)?;
+                        run(&tensor(d, dtype, &LOW, &[1, 3])?, &targets)
+                    })?;
+                }
+            }
+        }
+        if [NnOp::BatchNormStats, NnOp::BatchNormApply]
+            .iter()
+            .all(|&op| supports(Op::Nn(op), dtype))
+        {
+            // Training batch norm over channels holding a NaN, an inf and numbers: outputs and
+            // running statistics (a NaN variance clamps to 0, as the reference).
+            both(
+                "training batch_norm of channels with NaN, inf and numbers",
+                &|d| {
+                    #[rustfmt::skip]
+                let x = tensor(d, dtype, &[
+                    1.0, f64::NAN, 2.0, 3.0, f64::INFINITY, 1.0,
+                    4.0, -1.0, 0.5, 2.0, 2.0, 3.0,
+                ], &[2, 3, 1, 2])?;
+                    let stats = redline_tensor::stats_dtype(dtype);
+                    let per_channel = |v: f64| tensor(d, stats, &[v; 3], &[3]);
+                    let (mean, var) = (per_channel(0.0)?, per_channel(1.0)?);
+                    let running = redline_tensor::RunningStats {
+                        mean: &mean,
+                        var: &var,
+                        momentum: 0.1,
+                    };
+                    let (w, b) = (per_channel(1.5)?, per_channel(-0.5)?);
+                    let y = x.batch_norm(Some(&w), Some(&b), Some(running), true, 1e-5)?;
+                    let flat: Vec<Tensor> = [y, mean, var]
+                        .iter()
+                        .map(|t| t.cast(DType::F32)?.flatten())
+                        .collect::<Result<_>>()?;
+                    Tensor::concat(&flat.iter().collect::<Vec<_>>(), 0)
+                },
+            )?;
         }
         if supports(Op::Nn(NnOp::CrossEntropy), dtype) {
             // The fused loss and its logits' gradient: a NaN or inf logit must reach both

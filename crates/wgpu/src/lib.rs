@@ -247,7 +247,6 @@ impl WgpuBackend {
         self.binary(BinaryOp::ReluGrad, value, y, out).map(Some)
     }
 
-    /// Counts an optimizer step (unless `found`) and hands the update its device scalars.
     /// `s` as an optimizer kernel's scalar operand.
     fn scalar<'a>(&'a self, s: &'a Storage) -> Result<kernels::optim::Scalar<'a>> {
         Ok(kernels::optim::Scalar {

@@ -93,6 +93,11 @@ fn is_nan(v: f32) -> bool {
     return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
 }
 
+// -inf, which WGSL has no literal for (softmax and max start there, as the reference).
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u);
+}
+
 // Floats into integers as Rust's `as` (the reference's): toward zero, saturating, NaN to 0.
 // WGSL leaves NaN indeterminate and saturates i32 at 2^31 - 128 (the last f32 below 2^31).
 fn to_u8(v: f32) -> u32 {

@@ -56,6 +56,15 @@ fn flag<'a>(op: OptimOp, name: &str, t: &'a Tensor) -> Result<&'a Storage> {
             t.shape()
         )));
     }
+    // Any float dtype, whatever the tensors' (each backend reads a scalar in its own); an
+    // integer step or flag would be read as a float by some.
+    if !t.dtype().is_float() {
+        return Err(TensorError::shape(format!(
+            "{}: {name} must be a float tensor, got {}",
+            op.name(),
+            t.dtype()
+        )));
+    }
     Ok(t.storage())
 }
 

@@ -21,7 +21,8 @@ pub(crate) fn unary_expr(op: UnaryOp) -> &'static str {
             "0.5 * (1.0 + erf(a * 0.70710678)) + a * exp(-0.5 * a * a) * 0.39894228"
         }
         UnaryOp::Sigmoid => "1.0 / (1.0 + exp(-a))",
-        UnaryOp::Tanh => "tanh(clamp(a, -15.0, 15.0))",
+        // (clamp may turn a NaN into either bound)
+        UnaryOp::Tanh => "select(tanh(clamp(a, -15.0, 15.0)), a, is_nan(a))",
     }
 }
 

@@ -105,7 +105,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
     if (o >= params[0]) {{ return; }}
     let c = params[1];
     let eps = param_f32(7u);
-    var m = -3.4e38;
+    var m = neg_inf();  // as softmax's
     for (var j = t; j < c; j = j + 64u) {{ m = max(m, load_x(at(o, j))); }}
     sh[t] = m;
     tree_max(t);
@@ -117,8 +117,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
     tree_sum(t);
     let total = sh[0];
     workgroupBarrier();
+    // Σ (x − max): the smoothing term is log Σ e^(x − max) − mean(x − max), as on CUDA.
     var sx = 0.0;
-    for (var j = t; j < c; j = j + 64u) {{ sx = sx + load_x(at(o, j)); }}
+    for (var j = t; j < c; j = j + 64u) {{ sx = sx + (load_x(at(o, j)) - mx); }}
     sh[t] = sx;
     tree_sum(t);
     let sum_x = sh[0];
@@ -132,7 +133,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
                 l = bitcast<f32>(0x7fc00000u);
             }} else {{
                 let lse = mx + log(total);
-                l = (1.0 - eps) * (lse - load_x(at(o, u32(tg)))) + eps * (lse - sum_x / f32(c));
+                l = (1.0 - eps) * (lse - load_x(at(o, u32(tg)))) + eps * (log(total) - sum_x / f32(c));
             }}
         }}
         store_rows(o, l);

@@ -47,7 +47,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
     let ob = map_index({out_base}u, o);
     let xs = params[{strides_at}u];
     let os = params[{strides_at}u + 1u];
-    var m = -3.4e38;
+    // From -inf (a row of values below -3.4e38 has a maximum too); a NaN spoils the sum
+    // whatever max makes of it.
+    var m = neg_inf();
     for (var j = t; j < len; j = j + 64u) {{ m = max(m, load_a(xb + j * xs)); }}
     sh[t] = m;
     tree_max(t);

@@ -82,7 +82,9 @@ pub(crate) fn batch_norm_coef(
     let n = param_f32(1u);
     let m = param_f32(3u);
     let mean = load_sums(params[5] + i) / n;
-    let variance = max(load_sums(params[5] + c + i) / n - mean * mean, 0.0);
+    // Clamped at 0, NaN included (as the reference; WGSL's max may keep the NaN).
+    let raw_variance = load_sums(params[5] + c + i) / n - mean * mean;
+    let variance = select(0.0, raw_variance, raw_variance > 0.0);
 {update}    let rstd = 1.0 / sqrt(variance + param_f32(2u));
     let scale = rstd * load_w(params[6] + i);
     store_coef(i, scale);

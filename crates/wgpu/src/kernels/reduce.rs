@@ -36,11 +36,11 @@ pub(crate) fn run(
     } else {
         x.dtype
     };
-    // -inf to start (WGSL has no literal for it); a NaN, once met, stays (the first, for
-    // argmax), as in the reference and PyTorch.
+    // -inf to start; a NaN, once met, stays (the first, for argmax), as in the reference and
+    // PyTorch.
     let init = match op {
         ReduceOp::Sum => "0.0",
-        ReduceOp::Max | ReduceOp::ArgMax => "bitcast<f32>(0xff800000u)",
+        ReduceOp::Max | ReduceOp::ArgMax => "neg_inf()",
     };
     let combine = match op {
         ReduceOp::Sum => "acc = acc + v;",
