@@ -2,7 +2,9 @@
 //! conformance suite's drawn cases never hold, and what mixed precision's overflow detection
 //! and the optimizers' skip rely on.
 
-use redline_tensor::{BinaryOp, DType, Device, Op, Pool2dParams, Tensor, TensorError};
+use redline_tensor::{
+    BinaryOp, Conv2dParams, DType, Device, Op, Pool2dParams, Tensor, TensorError,
+};
 
 use crate::conformance::close;
 
@@ -63,15 +65,17 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
     let reference = Device::reference();
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         let what = |op: &str| format!("{}: {dtype} {op}", device.name());
-        let both = |op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| {
+        type Compare = fn(&[f64], &[f64], DType, &str) -> Result<(), String>;
+        let compared = |compare: Compare, op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| {
             let got = run(device).and_then(|t| t.to_f64_vec());
             let want = run(&reference).and_then(|t| t.to_f64_vec());
             match (got, want) {
-                (Ok(got), Ok(want)) => close(&got, &want, dtype, &what(op)),
+                (Ok(got), Ok(want)) => compare(&got, &want, dtype, &what(op)),
                 (Err(e), _) => Err(format!("{}: {e}", what(op))),
                 (_, Err(e)) => Err(format!("{} on the reference: {e}", what(op))),
             }
         };
+        let both = |op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| compared(close, op, run);
         if supports(Op::Other(OtherOp::Convert), dtype) {
             // Into dtype from f32 past its range (to ±inf, as IEEE's round to nearest: f16's
             // largest is 65504, and 65520 rounds up to inf), and back out of it.
@@ -175,6 +179,75 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
                     Tensor::concat(&flat.iter().collect::<Vec<_>>(), 0)
                 },
             )?;
+        }
+        // Products through matmul and convolution, and their gradients: inf · 0 is NaN, an inf
+        // or NaN reaches every sum it enters (no kernel may skip a zero operand or pad with
+        // values that meet an inf). x [1, 2, 3, 3]: channel 0 holds an inf, channel 1 a NaN.
+        #[rustfmt::skip]
+        const X: [f64; 18] = [
+            1.0, f64::INFINITY, 0.0, 2.0, -1.0, 0.5, 0.0, 1.0, 3.0,
+            0.5, 1.0, -2.0, 0.0, f64::NAN, 1.0, 2.0, 0.0, -1.0,
+        ];
+        if supports(Op::Other(OtherOp::Matmul), dtype) {
+            both(
+                &format!("matmul of [3, 6] rows of {X:?} by their transpose"),
+                &|d| {
+                    let a = tensor(d, dtype, &X, &[3, 6])?;
+                    a.matmul(&a.transpose(0, 1)?)
+                },
+            )?;
+        }
+        let conv_ops = [NnOp::Conv2d, NnOp::Conv2dInputGrad, NnOp::Conv2dWeightGrad];
+        if conv_ops.iter().all(|&op| supports(Op::Nn(op), dtype)) {
+            for last in [false, true] {
+                let p = Conv2dParams {
+                    padding: [1, 1],
+                    ..Conv2dParams::default()
+                };
+                let run = |d: &Device, grad_of_x: bool| -> Result<Tensor> {
+                    let mut x = tensor(d, dtype, &X, &[1, 2, 3, 3])?;
+                    let w = [0.0, 1.0, -1.0, 0.5].repeat(9);
+                    let mut w = tensor(d, dtype, &w[..36], &[2, 2, 3, 3])?;
+                    if last {
+                        (x, w) = (x.to_channels_last()?, w.to_channels_last()?);
+                    }
+                    let (x, w) = (x.with_requires_grad(true), w.with_requires_grad(true));
+                    // Σ y² so the output gradient (2y) carries the inf and NaN too.
+                    let y = x.conv2d(&w, None, p)?;
+                    y.mul(&y)?.sum(&[], false)?.backward()?;
+                    let grad = if grad_of_x { x.grad() } else { w.grad() };
+                    grad.ok_or_else(|| TensorError::Autograd("no gradient".into()))
+                };
+                let order = if last { "channels-last" } else { "NCHW" };
+                // cuDNN's transform algorithms (FFT, Winograd) may turn an inf into NaN or
+                // spread it: what training relies on is that none disappears.
+                let kept = |op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| {
+                    compared(non_finite_kept, op, run)
+                };
+                kept(&format!("{order} conv2d of {X:?}"), &|d| {
+                    let x = tensor(d, dtype, &X, &[1, 2, 3, 3])?;
+                    let w = tensor(
+                        d,
+                        dtype,
+                        &[0.0, 1.0, -1.0, 0.5].repeat(9)[..36],
+                        &[2, 2, 3, 3],
+                    )?;
+                    match last {
+                        true => x
+                            .to_channels_last()?
+                            .conv2d(&w.to_channels_last()?, None, p),
+                        false => x.conv2d(&w, None, p),
+                    }
+                })?;
+                kept(
+                    &format!("{order} conv2d's input gradient over {X:?}"),
+                    &|d| run(d, true),
+                )?;
+                kept(
+                    &format!("{order} conv2d's weight gradient over {X:?}"),
+                    &|d| run(d, false),
+                )?;
+            }
         }
         if supports(Op::Nn(NnOp::CrossEntropy), dtype) {
             // The fused loss and its logits' gradient: a NaN or inf logit must reach both
@@ -393,4 +466,24 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
         }
     }
     Ok(())
+}
+
+/// `got` keeps every non-finite value of `want` non-finite (of any kind), and matches its
+/// finite values where it is finite itself: a transform convolution may spread a NaN or turn
+/// an inf into one, but must not hide either.
+fn non_finite_kept(got: &[f64], want: &[f64], dtype: DType, what: &str) -> Result<(), String> {
+    if got.len() != want.len() {
+        return close(got, want, dtype, what);
+    }
+    if let Some(i) = (0..got.len()).find(|&i| !want[i].is_finite() && got[i].is_finite()) {
+        let (g, w) = (got[i], want[i]);
+        return Err(format!(
+            "{what}[{i}] = {g}, reference {w}: a non-finite value lost"
+        ));
+    }
+    let (g, w): (Vec<f64>, Vec<f64>) = (got.iter().zip(want))
+        .filter(|(g, _)| g.is_finite())
+        .map(|(&g, &w)| (g, w))
+        .unzip();
+    close(&g, &w, dtype, &format!("{what} (where finite)"))
 }
