@@ -152,33 +152,61 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
             .iter()
             .all(|&op| supports(Op::Nn(op), dtype))
         {
-            // Training batch norm over channels holding a NaN, an inf and numbers: outputs and
-            // running statistics (a NaN variance clamps to 0, as the reference).
-            both(
-                "training batch_norm of channels with NaN, inf and numbers",
-                &|d| {
-                    #[rustfmt::skip]
-                let x = tensor(d, dtype, &[
-                    1.0, f64::NAN, 2.0, 3.0, f64::INFINITY, 1.0,
-                    4.0, -1.0, 0.5, 2.0, 2.0, 3.0,
-                ], &[2, 3, 1, 2])?;
-                    let stats = redline_tensor::stats_dtype(dtype);
-                    let per_channel = |v: f64| tensor(d, stats, &[v; 3], &[3]);
-                    let (mean, var) = (per_channel(0.0)?, per_channel(1.0)?);
-                    let running = redline_tensor::RunningStats {
-                        mean: &mean,
-                        var: &var,
-                        momentum: 0.1,
-                    };
-                    let (w, b) = (per_channel(1.5)?, per_channel(-0.5)?);
-                    let y = x.batch_norm(Some(&w), Some(&b), Some(running), true, 1e-5)?;
-                    let flat: Vec<Tensor> = [y, mean, var]
-                        .iter()
-                        .map(|t| t.cast(DType::F32)?.flatten())
-                        .collect::<Result<_>>()?;
-                    Tensor::concat(&flat.iter().collect::<Vec<_>>(), 0)
-                },
-            )?;
+            // Training batch norm over channels holding a NaN, an inf and numbers, plain and
+            // with a residual and ReLU: outputs, running statistics (a NaN variance clamps to
+            // 0, as the reference) and the gradients of x, the weight, the bias and the
+            // residual.
+            for fused in [false, true] {
+                let label = match fused {
+                    false => "training batch_norm",
+                    true => "training relu(batch_norm + residual)",
+                };
+                both(
+                    &format!("{label} of channels with NaN, inf and numbers"),
+                    &|d| {
+                        #[rustfmt::skip]
+                    let values = [
+                        1.0, f64::NAN, 2.0, 3.0, f64::INFINITY, 1.0,
+                        4.0, -1.0, 0.5, 2.0, 2.0, 3.0,
+                    ];
+                        let x = tensor(d, dtype, &values, &[2, 3, 1, 2])?.with_requires_grad(true);
+                        let residual =
+                            tensor(d, dtype, &[0.5, -1.0, 2.0].repeat(4), &[2, 3, 1, 2])?
+                                .with_requires_grad(true);
+                        let stats = redline_tensor::stats_dtype(dtype);
+                        let per_channel = |v: f64| tensor(d, stats, &[v; 3], &[3]);
+                        let (mean, var) = (per_channel(0.0)?, per_channel(1.0)?);
+                        let running = redline_tensor::RunningStats {
+                            mean: &mean,
+                            var: &var,
+                            momentum: 0.1,
+                        };
+                        let w = per_channel(1.5)?.with_requires_grad(true);
+                        let b = per_channel(-0.5)?.with_requires_grad(true);
+                        let (w_, b_, r) = (Some(&w), Some(&b), Some(running));
+                        let y = match fused {
+                            false => x.batch_norm(w_, b_, r, true, 1e-5)?,
+                            true => x.batch_norm_relu(w_, b_, r, true, 1e-5, Some(&residual))?,
+                        };
+                        let ramp: Vec<f64> = (1..=12).map(f64::from).collect();
+                        let weights = tensor(d, dtype, &ramp, &[2, 3, 1, 2])?;
+                        y.mul(&weights)?.sum(&[], false)?.backward()?;
+                        let grad = |t: &Tensor| {
+                            t.grad()
+                                .ok_or_else(|| TensorError::Autograd("no gradient".into()))
+                        };
+                        let mut outputs =
+                            vec![y.detach(), mean, var, grad(&x)?, grad(&w)?, grad(&b)?];
+                        if fused {
+                            outputs.push(grad(&residual)?);
+                        }
+                        let flat: Vec<Tensor> = (outputs.iter())
+                            .map(|t| t.cast(DType::F32)?.flatten())
+                            .collect::<Result<_>>()?;
+                        Tensor::concat(&flat.iter().collect::<Vec<_>>(), 0)
+                    },
+                )?;
+            }
         }
         // Products through matmul and convolution, and their gradients: inf · 0 is NaN, an inf
         // or NaN reaches every sum it enters (no kernel may skip a zero operand or pad with
