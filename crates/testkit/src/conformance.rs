@@ -257,15 +257,36 @@ pub fn run_conformance_on(device: &Device, config: &SuiteConfig, ops: &[Op]) -> 
     report
 }
 
-/// A deterministic runner: the same cases on every run and every machine.
+/// A deterministic runner: the same cases on every run and every machine, unless a soak asks
+/// for more (`REDLINE_CONFORMANCE_CASES=N` per declared pair) or for others
+/// (`REDLINE_CONFORMANCE_SEED=S`, itself deterministic).
 fn runner(config: &SuiteConfig) -> TestRunner {
+    let cases = soak("REDLINE_CONFORMANCE_CASES").map_or(config.cases, |n| n as u32);
+    let rng = match soak("REDLINE_CONFORMANCE_SEED") {
+        None => TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+        Some(seed) => {
+            let mut bytes = [0u8; 32];
+            bytes[..8].copy_from_slice(&seed.to_le_bytes());
+            TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
+        }
+    };
     let config = Config {
-        cases: config.cases,
+        cases,
         max_shrink_time: config.max_shrink_ms,
         failure_persistence: None,
         ..Config::default()
     };
-    TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha))
+    TestRunner::new_with_rng(config, rng)
+}
+
+/// A soak setting from the environment: unset is None, anything but a whole number panics
+/// naming it (a typo must not run the usual cases as if it were a soak).
+fn soak(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    match value.trim().parse() {
+        Ok(n) => Some(n),
+        Err(_) => panic!("{name} must be a whole number, got {value:?}"),
+    }
 }
 
 fn check_declared(
