@@ -282,7 +282,11 @@ fn runner(config: &SuiteConfig) -> TestRunner {
 /// A soak setting from the environment: unset is None, anything but a whole number panics
 /// naming it (a typo must not run the usual cases as if it were a soak).
 fn soak(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
+    soak_value(name, std::env::var(name).ok())
+}
+
+fn soak_value(name: &str, value: Option<String>) -> Option<u64> {
+    let value = value?;
     match value.trim().parse() {
         Ok(n) => Some(n),
         Err(_) => panic!("{name} must be a whole number, got {value:?}"),
@@ -622,3 +626,26 @@ pub fn conv_input_grad_into_a_waiting_gradient(device: &Device) -> Result<(), St
 }
 
 pub use crate::non_finite::non_finite_values_as_the_reference;
+
+#[cfg(test)]
+mod tests {
+    use super::soak_value;
+
+    #[test]
+    fn soak_settings_are_whole_numbers_or_unset() {
+        assert_eq!(soak_value("N", None), None);
+        assert_eq!(soak_value("N", Some(" 300 ".into())), Some(300));
+        let typo = std::panic::catch_unwind(|| {
+            soak_value("REDLINE_CONFORMANCE_CASES", Some("3OO".into()))
+        });
+        let message = typo.expect_err("a typo must not pass as a soak");
+        let message = message
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            message.contains("REDLINE_CONFORMANCE_CASES must be a whole number, got \"3OO\""),
+            "{message}"
+        );
+    }
+}
