@@ -96,6 +96,21 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
                 big.add(&big)
             })?;
         }
+        if supports(Op::Other(OtherOp::Convert), dtype)
+            && supports(Op::Binary(BinaryOp::Mul), dtype)
+        {
+            // Subnormals are kept, not flushed to zero: f16's start below 6.1e-5 and f32's
+            // (and bf16's) below 1.2e-38, and keeping small gradients representable is what
+            // loss scaling is for. Each result is rounded once: compared bit for bit.
+            const TINY: [f64; 6] = [1e-5, 1e-7, -3e-6, 6e-8, 1e-40, -1e-42];
+            compared(exactly, &format!("cast of f32 {TINY:?}"), &|d| {
+                tensor(d, DType::F32, &TINY, &[6])?.cast(dtype)
+            })?;
+            compared(exactly, &format!("product of {TINY:?} and 0.5"), &|d| {
+                let x = tensor(d, DType::F32, &TINY, &[6])?.cast(dtype)?;
+                x.mul(&tensor(d, dtype, &[0.5; 6], &[6])?)
+            })?;
+        }
         for &op in UnaryOp::ALL {
             if supports(Op::Unary(op), dtype) {
                 both(&format!("{op:?} of {A:?}"), &|d| {
@@ -514,4 +529,13 @@ fn non_finite_kept(got: &[f64], want: &[f64], dtype: DType, what: &str) -> Resul
         .map(|(&g, &w)| (g, w))
         .unzip();
     close(&g, &w, dtype, &format!("{what} (where finite)"))
+}
+
+/// Bit for bit (as f64 values): for results every backend rounds once, where a tolerance
+/// would hide a flushed subnormal.
+fn exactly(got: &[f64], want: &[f64], _dtype: DType, what: &str) -> Result<(), String> {
+    match got == want {
+        true => Ok(()),
+        false => Err(format!("{what}: {got:?}, reference {want:?}")),
+    }
 }

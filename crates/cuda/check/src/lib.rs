@@ -271,7 +271,7 @@ pub fn run(options: &Options) -> bool {
         report["events"] = json!("downloads ordered after an event (copy stream): right");
         redline_testkit::conformance::non_finite_values_as_the_reference(&device)?;
         report["non_finite_values"] = json!(
-            "NaN and ±inf through casts, overflowing sums, every unary op, batch norm, every \
+            "NaN and ±inf through casts, subnormals kept, overflowing sums, every unary op, batch norm, every \
              binary op but pow, the reductions, softmax, cross-entropy, matmul, convolutions \
              (no non-finite value lost), max pooling, GradScaler's check and the sum of \
              squares; the optimizers beside f32 scalars: as the reference"
