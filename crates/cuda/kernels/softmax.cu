@@ -68,7 +68,11 @@ __global__ void __launch_bounds__(SOFTMAX_THREADS)
         if (threadIdx.x == 0) {
             A loss = (A)0;
             if (kept && (t < 0 || t >= c)) loss = infinity<A>() - infinity<A>();  // NaN
-            else if (kept) loss = ((A)1 - eps) * (lse - Num<T>::load(x[position(xs, r * c + t)])) + eps * (log(s) - total / (A)c);
+            else if (kept) {
+                loss = ((A)1 - eps) * (lse - Num<T>::load(x[position(xs, r * c + t)]));
+                // None without smoothing: a masked (-inf) logit would make it 0 · inf = NaN.
+                if (eps != (A)0) loss += eps * (log(s) - total / (A)c);
+            }
             rows[r] = loss;
         }
         if (grad == nullptr) continue;

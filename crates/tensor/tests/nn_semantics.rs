@@ -303,6 +303,21 @@ fn pooling_and_convolution_geometry_errors_are_clear() {
     assert_eq!(y.shape(), [1, 2, 2, 2]);
 }
 
+/// A masked class (a -inf logit that is not the target) leaves the unsmoothed loss finite, as
+/// PyTorch's `cross_entropy`; with label smoothing it is inf (the uniform part takes log 0).
+#[test]
+fn cross_entropy_keeps_a_masked_logit_finite_without_smoothing() {
+    let dev = Device::reference();
+    let inf = f64::INFINITY;
+    let x = t(&[1.0, -inf, 2.0, 0.5, -inf], &[1, 5], &dev);
+    let target = Tensor::from_slice(&[2i64], &[1], &dev).unwrap();
+    let lse = (1f64.exp() + 2f64.exp() + 0.5f64.exp()).ln();
+    let loss = x.cross_entropy(&target, 0.0, None).unwrap().item().unwrap();
+    assert!((loss - (lse - 2.0)).abs() < 1e-12, "{loss}");
+    let smoothed = x.cross_entropy(&target, 0.1, None).unwrap().item().unwrap();
+    assert_eq!(smoothed, inf);
+}
+
 /// PyTorch's max pooling: the first NaN in a window wins it, and a window of -inf alone keeps
 /// -inf and sends its gradient to its own first element (not to the plane's first).
 #[test]

@@ -261,7 +261,7 @@ pub fn run_conformance_on(device: &Device, config: &SuiteConfig, ops: &[Op]) -> 
 /// for more (`REDLINE_CONFORMANCE_CASES=N` per declared pair) or for others
 /// (`REDLINE_CONFORMANCE_SEED=S`, itself deterministic).
 fn runner(config: &SuiteConfig) -> TestRunner {
-    let cases = soak("REDLINE_CONFORMANCE_CASES").map_or(config.cases, |n| n as u32);
+    let cases = soak("REDLINE_CONFORMANCE_CASES").map_or(config.cases, soak_cases);
     let rng = match soak("REDLINE_CONFORMANCE_SEED") {
         None => TestRng::deterministic_rng(RngAlgorithm::ChaCha),
         Some(seed) => {
@@ -290,6 +290,18 @@ fn soak_value(name: &str, value: Option<String>) -> Option<u64> {
     match value.trim().parse() {
         Ok(n) => Some(n),
         Err(_) => panic!("{name} must be a whole number, got {value:?}"),
+    }
+}
+
+/// Cases per pair for a soak: at least one (0 would pass every pair untested), at most
+/// `u32::MAX`.
+fn soak_cases(value: u64) -> u32 {
+    match u32::try_from(value) {
+        Ok(n) if n > 0 => n,
+        _ => panic!(
+            "REDLINE_CONFORMANCE_CASES must be 1 to {}, got {value}",
+            u32::MAX
+        ),
     }
 }
 
@@ -629,7 +641,7 @@ pub use crate::non_finite::non_finite_values_as_the_reference;
 
 #[cfg(test)]
 mod tests {
-    use super::soak_value;
+    use super::{soak_cases, soak_value};
 
     #[test]
     fn soak_settings_are_whole_numbers_or_unset() {
@@ -647,5 +659,18 @@ mod tests {
             message.contains("REDLINE_CONFORMANCE_CASES must be a whole number, got \"3OO\""),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_soak_runs_at_least_one_case_per_pair() {
+        assert_eq!(soak_cases(300), 300);
+        for refused in [0, 1 << 32] {
+            let message = std::panic::catch_unwind(|| soak_cases(refused))
+                .expect_err("refused")
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_default();
+            assert!(message.contains("must be 1 to 4294967295"), "{message}");
+        }
     }
 }

@@ -225,88 +225,89 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
         }
         // Products through matmul and convolution, and their gradients: inf · 0 is NaN, an inf
         // or NaN reaches every sum it enters (no kernel may skip a zero operand or pad with
-        // values that meet an inf). x [1, 2, 3, 3]: channel 0 holds an inf, channel 1 a NaN.
+        // values that meet an inf). X as [3, 6]: an inf in row 0, a NaN in row 2.
         #[rustfmt::skip]
         const X: [f64; 18] = [
             1.0, f64::INFINITY, 0.0, 2.0, -1.0, 0.5, 0.0, 1.0, 3.0,
             0.5, 1.0, -2.0, 0.0, f64::NAN, 1.0, 2.0, 0.0, -1.0,
         ];
         if supports(Op::Other(OtherOp::Matmul), dtype) {
-            both(
-                &format!("matmul of [3, 6] rows of {X:?} by their transpose"),
-                &|d| {
-                    let a = tensor(d, dtype, &X, &[3, 6])?;
-                    a.matmul(&a.transpose(0, 1)?)
-                },
-            )?;
+            both(&format!("matmul of [3, 6] {X:?} by its transpose"), &|d| {
+                let a = tensor(d, dtype, &X, &[3, 6])?;
+                a.matmul(&a.transpose(0, 1)?)
+            })?;
         }
         let conv_ops = [NnOp::Conv2d, NnOp::Conv2dInputGrad, NnOp::Conv2dWeightGrad];
         if conv_ops.iter().all(|&op| supports(Op::Nn(op), dtype)) {
+            // x [1, 2, 6, 6]: an inf in channel 0's first corner, a NaN in channel 1's last;
+            // outputs and input gradients away from them are finite, and compared. The
+            // weights [2, 2, 3, 3] hold zeros. Σ y² is the loss, so the output's gradient (2y)
+            // carries the inf and NaN too.
+            let mut xs: Vec<f64> = (0..72).map(|i| ((i * 7) % 11) as f64 / 4.0 - 1.0).collect();
+            (xs[0], xs[71]) = (f64::INFINITY, f64::NAN);
+            let ws = [0.0, 1.0, -1.0, 0.5].repeat(9);
+            let p = Conv2dParams {
+                padding: [1, 1],
+                ..Conv2dParams::default()
+            };
             for last in [false, true] {
-                let p = Conv2dParams {
-                    padding: [1, 1],
-                    ..Conv2dParams::default()
-                };
-                let run = |d: &Device, grad_of_x: bool| -> Result<Tensor> {
-                    let mut x = tensor(d, dtype, &X, &[1, 2, 3, 3])?;
-                    let w = [0.0, 1.0, -1.0, 0.5].repeat(9);
-                    let mut w = tensor(d, dtype, &w[..36], &[2, 2, 3, 3])?;
+                let run = |d: &Device, which: usize| -> Result<Tensor> {
+                    let mut x = tensor(d, dtype, &xs, &[1, 2, 6, 6])?;
+                    let mut w = tensor(d, dtype, &ws, &[2, 2, 3, 3])?;
                     if last {
                         (x, w) = (x.to_channels_last()?, w.to_channels_last()?);
                     }
                     let (x, w) = (x.with_requires_grad(true), w.with_requires_grad(true));
-                    // Σ y² so the output gradient (2y) carries the inf and NaN too.
                     let y = x.conv2d(&w, None, p)?;
+                    if which == 0 {
+                        return Ok(y.detach());
+                    }
                     y.mul(&y)?.sum(&[], false)?.backward()?;
-                    let grad = if grad_of_x { x.grad() } else { w.grad() };
+                    let grad = if which == 1 { x.grad() } else { w.grad() };
                     grad.ok_or_else(|| TensorError::Autograd("no gradient".into()))
                 };
                 let order = if last { "channels-last" } else { "NCHW" };
-                // cuDNN's transform algorithms (FFT, Winograd) may turn an inf into NaN or
-                // spread it: what training relies on is that none disappears.
-                let kept = |op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| {
-                    compared(non_finite_kept, op, run)
-                };
-                kept(&format!("{order} conv2d of {X:?}"), &|d| {
-                    let x = tensor(d, dtype, &X, &[1, 2, 3, 3])?;
-                    let w = tensor(
-                        d,
-                        dtype,
-                        &[0.0, 1.0, -1.0, 0.5].repeat(9)[..36],
-                        &[2, 2, 3, 3],
-                    )?;
-                    match last {
-                        true => x
-                            .to_channels_last()?
-                            .conv2d(&w.to_channels_last()?, None, p),
-                        false => x.conv2d(&w, None, p),
-                    }
-                })?;
-                kept(
-                    &format!("{order} conv2d's input gradient over {X:?}"),
-                    &|d| run(d, true),
-                )?;
-                kept(
-                    &format!("{order} conv2d's weight gradient over {X:?}"),
-                    &|d| run(d, false),
-                )?;
+                let outputs = [
+                    "conv2d",
+                    "conv2d's input gradient",
+                    "conv2d's weight gradient",
+                ];
+                for (which, what) in outputs.iter().enumerate() {
+                    // cuDNN's transform algorithms (FFT, Winograd) may turn an inf into NaN or
+                    // spread it: what training relies on is that none disappears.
+                    let label = format!("{order} {what} over an inf and a NaN");
+                    compared(non_finite_kept, &label, &|d| run(d, which))?;
+                }
             }
         }
         if supports(Op::Nn(NnOp::CrossEntropy), dtype) {
-            // The fused loss and its logits' gradient: a NaN or inf logit must reach both
-            // (GradScaler skips the step on the gradient).
-            for what in ["loss", "gradient"] {
-                both(&format!("cross-entropy {what} over rows of {R:?}"), &|d| {
-                    let x = tensor(d, dtype, &R, &[5, 5])?.with_requires_grad(true);
-                    let targets = Tensor::from_slice(&[1i64, 0, 2, 4, 3], &[5], d)?;
-                    let loss = x.cross_entropy(&targets, 0.1, None)?;
-                    if what == "loss" {
-                        return Ok(loss);
+            // The fused loss and its logits' gradient, row by row (one NaN row would make a
+            // batch's mean NaN whatever the others gave): a NaN or inf logit must reach both
+            // (GradScaler skips the step on the gradient), with and without smoothing. A -inf
+            // logit that is not the target is a masked class: without smoothing the loss stays
+            // finite (PyTorch's), with it the loss is inf.
+            #[rustfmt::skip]
+            const MASKED: [f64; 5] = [1.0, f64::NEG_INFINITY, 2.0, 0.5, f64::NEG_INFINITY];
+            let rows = R.chunks(5).chain([&MASKED[..]]);
+            for (row, values) in rows.enumerate() {
+                for smoothing in [0.0, 0.1] {
+                    for what in ["loss", "gradient"] {
+                        let label =
+                            format!("cross-entropy {what} of {values:?} (smoothing {smoothing})");
+                        both(&label, &|d| {
+                            let x = tensor(d, dtype, values, &[1, 5])?.with_requires_grad(true);
+                            let target = [1i64, 0, 2, 4, 3, 2][row];
+                            let targets = Tensor::from_slice(&[target], &[1], d)?;
+                            let loss = x.cross_entropy(&targets, smoothing, None)?;
+                            if what == "loss" {
+                                return Ok(loss);
+                            }
+                            loss.backward()?;
+                            x.grad()
+                                .ok_or_else(|| TensorError::Autograd("no logits' gradient".into()))
+                        })?;
                     }
-                    loss.backward()?;
-                    x.grad()
-                        .ok_or_else(|| TensorError::Autograd("no logits' gradient".into()))
-                })?;
+                }
             }
         }
         if supports(Op::Nn(NnOp::MaxPool2d), dtype) && supports(Op::Nn(NnOp::MaxPool2dGrad), dtype)
@@ -502,6 +503,31 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
             "{}: cast of f32 {TO_INT:?} to {int} and back",
             device.name()
         );
+        let got = run(device).map_err(|e| format!("{what}: {e}"))?;
+        let want = run(&reference).map_err(|e| format!("{what} on the reference: {e}"))?;
+        if got != want {
+            return Err(format!("{what}: {got:?}, reference {want:?}"));
+        }
+    }
+    // i64s that need both words and more than an f32's 24 bits, read into f32 with one
+    // rounding (2^32 + 2^31 + 767 rounds down; two roundings would take it up).
+    const WIDE_I64: [i64; 8] = [
+        6_442_451_711,
+        -6_442_451_711,
+        i64::MAX,
+        i64::MIN,
+        -1,
+        -4_294_967_296,
+        9_007_199_254_740_993,
+        -10_000_000_000,
+    ];
+    if supports(Op::Other(OtherOp::Convert), DType::I64) {
+        let run = |d: &Device| {
+            Tensor::from_slice(&WIDE_I64, &[8], d)?
+                .cast(DType::F32)?
+                .to_f64_vec()
+        };
+        let what = format!("{}: cast of i64 {WIDE_I64:?} to f32", device.name());
         let got = run(device).map_err(|e| format!("{what}: {e}"))?;
         let want = run(&reference).map_err(|e| format!("{what} on the reference: {e}"))?;
         if got != want {

@@ -106,8 +106,10 @@ fn to_u8(v: f32) -> u32 {
 fn to_i32(v: f32) -> i32 {
     if (is_nan(v)) { return 0; }
     if (v >= 2147483648.0) { return 2147483647; }
+    if (v <= -2147483648.0) { return bitcast<i32>(0x80000000u); }
     return i32(v);
 }
+
 // An i64 as its (low, high) words: the magnitude's integer part split at 2^32 (exact: below
 // 2^63 an f32's remainder modulo 2^32 has at most 24 significant bits), then negated in two's
 // complement where v is negative.
@@ -122,13 +124,30 @@ fn to_i64(v: f32) -> vec2<u32> {
     let low = ~w.x + 1u;
     return vec2<u32>(low, ~w.y + select(0u, 1u, low == 0u));
 }
-// Back into f32 by the magnitude's words, so a small negative value does not round away in
-// high·2^32 + low.
+
+// Back into f32 with one rounding, as Rust's `as`: the magnitude's words shifted right until
+// they fit 32 bits, the bits shifted out kept as a sticky last bit (below the 24 the f32
+// keeps), then scaled back by 2^k.
 fn from_i64(low: u32, high: u32) -> f32 {
-    if ((high & 0x80000000u) == 0u) { return f32(high) * 4294967296.0 + f32(low); }
-    let nl = ~low + 1u;
-    let nh = ~high + select(0u, 1u, nl == 0u);
-    return -(f32(nh) * 4294967296.0 + f32(nl));
+    let negative = (high & 0x80000000u) != 0u;
+    var lo = low;
+    var hi = high;
+    if (negative) {
+        lo = ~low + 1u;
+        hi = ~high + select(0u, 1u, lo == 0u);
+    }
+    var v = f32(lo);
+    if (hi != 0u) {
+        let k = 32u - countLeadingZeros(hi);
+        var top = hi;
+        var rest = lo;
+        if (k < 32u) {
+            top = (hi << (32u - k)) | (lo >> k);
+            rest = lo << (32u - k);
+        }
+        v = ldexp(f32(top | select(0u, 1u, rest != 0u)), i32(k));
+    }
+    return select(v, -v, negative);
 }
 "#,
     );

@@ -248,9 +248,16 @@ pub(crate) mod reference {
                 )));
             }
             let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
-            let mean = row.iter().sum::<f64>() / c as f64;
-            total += (1.0 - smoothing) * (lse - row[t as usize]) + smoothing * (lse - mean);
+            let log_sum = row.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+            let lse = max + log_sum;
+            total += (1.0 - smoothing) * (lse - row[t as usize]);
+            // The smoothing term lse − mean(v) as log Σ e^(v − max) − mean(v − max): no
+            // cancellation of large logits against lse. None without smoothing: a masked
+            // (-inf) logit would make it 0 · inf = NaN.
+            if smoothing != 0.0 {
+                let mean_shifted = row.iter().map(|v| v - max).sum::<f64>() / c as f64;
+                total += smoothing * (log_sum - mean_shifted);
+            }
             for (k, (g, &v)) in grad[r * c..(r + 1) * c].iter_mut().zip(row).enumerate() {
                 let hot = if k == t as usize {
                     1.0 - smoothing

@@ -133,7 +133,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
                 l = bitcast<f32>(0x7fc00000u);
             }} else {{
                 let lse = mx + log(total);
-                l = (1.0 - eps) * (lse - load_x(at(o, u32(tg)))) + eps * (log(total) - sum_x / f32(c));
+                // No smoothing term without smoothing: 0 · inf is NaN for a masked (-inf) logit.
+                let smoothed = select(eps * (log(total) - sum_x / f32(c)), 0.0, eps == 0.0);
+                l = (1.0 - eps) * (lse - load_x(at(o, u32(tg)))) + smoothed;
             }}
         }}
         store_rows(o, l);
