@@ -8,14 +8,14 @@ use redline_tensor::{
 
 use crate::conformance::close;
 
-/// Non-finite values through the ops whose handling of them the reference defines, against
-/// the reference in every float dtype the device declares: ReLU sends NaN and -inf to 0 and
-/// keeps +inf (NaN is not above 0), as do its gradient's mask and batch norm's fused ReLU;
-/// maximum, minimum, max, argmax and max pooling take NaN over any number (the first NaN, for
-/// argmax and pooling's positions) and -inf as a value (PyTorch's); comparisons, sums and
-/// softmax are IEEE's (NaN equals nothing, itself included; inf - inf is NaN). The random cases
-/// never draw these values, and a shading language need not keep them: WGSL's `max(x, 0)` may
-/// return either operand for a NaN.
+/// Non-finite values, overflow and subnormals through every op mixed precision leans on,
+/// against the reference in every float dtype the device declares (ARCHITECTURE.md lists
+/// them): ReLU sends NaN and -inf to 0; maximum, minimum, max, argmax and max pooling take NaN
+/// over any number (the first NaN, for argmax and pooling's positions) and -inf as a value
+/// (PyTorch's); comparisons, sums and softmax are IEEE's; casts into integers are Rust's `as`;
+/// convolutions may spread a non-finite value but never lose one. The random cases never draw
+/// these values, and a shading language need not keep them: WGSL's `max(x, 0)` may return
+/// either operand for a NaN.
 pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String> {
     use redline_tensor::{
         AdamWParams, NnOp, OptimOp, OtherOp, ReduceOp, Result, SgdParams, UnaryOp,
@@ -101,7 +101,7 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
         {
             // Subnormals are kept, not flushed to zero: f16's start below 6.1e-5 and f32's
             // (and bf16's) below 1.2e-38, and keeping small gradients representable is what
-            // loss scaling is for. Each result is rounded once: compared bit for bit.
+            // loss scaling is for. Each result is rounded once: compared exactly.
             const TINY: [f64; 6] = [1e-5, 1e-7, -3e-6, 6e-8, 1e-40, -1e-42];
             compared(exactly, &format!("cast of f32 {TINY:?}"), &|d| {
                 tensor(d, DType::F32, &TINY, &[6])?.cast(dtype)
