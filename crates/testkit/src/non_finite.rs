@@ -64,16 +64,9 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
     let supports = |op: Op, dtype: DType| device.backend().supports(op, dtype);
     let reference = Device::reference();
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let what = |op: &str| format!("{}: {dtype} {op}", device.name());
-        type Compare = fn(&[f64], &[f64], DType, &str) -> Result<(), String>;
         let compared = |compare: Compare, op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| {
-            let got = run(device).and_then(|t| t.to_f64_vec());
-            let want = run(&reference).and_then(|t| t.to_f64_vec());
-            match (got, want) {
-                (Ok(got), Ok(want)) => compare(&got, &want, dtype, &what(op)),
-                (Err(e), _) => Err(format!("{}: {e}", what(op))),
-                (_, Err(e)) => Err(format!("{} on the reference: {e}", what(op))),
-            }
+            let what = format!("{}: {dtype} {op}", device.name());
+            against_reference(device, &reference, dtype, compare, &what, run)
         };
         let both = |op: &str, run: &dyn Fn(&Device) -> Result<Tensor>| compared(close, op, run);
         if supports(Op::Other(OtherOp::Convert), dtype) {
@@ -495,19 +488,12 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
             continue;
         }
         // The integers, and read back into f32 (both words of an i64).
-        let run = |d: &Device| -> Result<[Vec<f64>; 2]> {
-            let ints = tensor(d, DType::F32, &TO_INT, &[10])?.cast(int)?;
-            Ok([ints.to_f64_vec()?, ints.cast(DType::F32)?.to_f64_vec()?])
-        };
-        let what = format!(
-            "{}: cast of f32 {TO_INT:?} to {int} and back",
-            device.name()
-        );
-        let got = run(device).map_err(|e| format!("{what}: {e}"))?;
-        let want = run(&reference).map_err(|e| format!("{what} on the reference: {e}"))?;
-        if got != want {
-            return Err(format!("{what}: {got:?}, reference {want:?}"));
-        }
+        let what = format!("{}: cast of f32 {TO_INT:?} to {int}", device.name());
+        let ints = |d: &Device| tensor(d, DType::F32, &TO_INT, &[10])?.cast(int);
+        against_reference(device, &reference, int, exactly, &what, &ints)?;
+        let back = |d: &Device| ints(d)?.cast(DType::F32);
+        let what = format!("{what} and back");
+        against_reference(device, &reference, int, exactly, &what, &back)?;
     }
     // i64s that need both words and more than an f32's 24 bits, read into f32 with one
     // rounding (2^32 + 2^31 + 767 rounds down; two roundings would take it up).
@@ -522,19 +508,33 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
         -10_000_000_000,
     ];
     if supports(Op::Other(OtherOp::Convert), DType::I64) {
-        let run = |d: &Device| {
-            Tensor::from_slice(&WIDE_I64, &[8], d)?
-                .cast(DType::F32)?
-                .to_f64_vec()
-        };
         let what = format!("{}: cast of i64 {WIDE_I64:?} to f32", device.name());
-        let got = run(device).map_err(|e| format!("{what}: {e}"))?;
-        let want = run(&reference).map_err(|e| format!("{what} on the reference: {e}"))?;
-        if got != want {
-            return Err(format!("{what}: {got:?}, reference {want:?}"));
-        }
+        let run = |d: &Device| Tensor::from_slice(&WIDE_I64, &[8], d)?.cast(DType::F32);
+        against_reference(device, &reference, DType::F32, exactly, &what, &run)?;
     }
     Ok(())
+}
+
+/// How a device's values are held against the reference's.
+type Compare = fn(&[f64], &[f64], DType, &str) -> Result<(), String>;
+
+/// `run` on `device` and on `reference`, the values compared by `compare` (`dtype` sets its
+/// tolerance); errors name `what`.
+fn against_reference(
+    device: &Device,
+    reference: &Device,
+    dtype: DType,
+    compare: Compare,
+    what: &str,
+    run: &dyn Fn(&Device) -> redline_tensor::Result<Tensor>,
+) -> Result<(), String> {
+    let got = run(device).and_then(|t| t.to_f64_vec());
+    let want = run(reference).and_then(|t| t.to_f64_vec());
+    match (got, want) {
+        (Ok(got), Ok(want)) => compare(&got, &want, dtype, what),
+        (Err(e), _) => Err(format!("{what}: {e}")),
+        (_, Err(e)) => Err(format!("{what} on the reference: {e}")),
+    }
 }
 
 /// `got` keeps every non-finite value of `want` non-finite (of any kind), and matches its
