@@ -796,6 +796,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// refuses undeclared pairs with [`TensorError::Unsupported`](crate::TensorError).
     fn supports(&self, op: Op, dtype: DType) -> bool;
 
+    /// Whether this backend may flush subnormal values of `dtype` to zero, as results or as
+    /// inputs. WGSL lets an implementation do so, and NVIDIA's Vulkan driver does where a
+    /// shader does not ask to keep them (naga has no way to ask); the conformance suite then
+    /// accepts a zero where the reference is subnormal, and nothing else. The CPU and CUDA
+    /// (NVRTC without `-ftz`) keep them, as loss scaling needs of small gradients: false by
+    /// default.
+    fn may_flush_subnormals(&self, dtype: DType) -> bool {
+        let _ = dtype;
+        false
+    }
+
     // --- memory -------------------------------------------------------------------------
 
     /// `len` elements of `dtype`, all `value` (rounded to the dtype).

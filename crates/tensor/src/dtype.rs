@@ -42,6 +42,18 @@ impl DType {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
     }
 
+    /// Whether `v` is subnormal in this float dtype: non-zero and below its smallest normal
+    /// magnitude (f16's 2^-14; bf16's is f32's 2^-126). False for integer dtypes.
+    pub fn is_subnormal(self, v: f64) -> bool {
+        let smallest_normal = match self {
+            DType::F64 => f64::MIN_POSITIVE,
+            DType::F32 | DType::BF16 => f32::MIN_POSITIVE as f64,
+            DType::F16 => f16::MIN_POSITIVE.to_f64(),
+            DType::U8 | DType::I32 | DType::I64 => return false,
+        };
+        v != 0.0 && v.abs() < smallest_normal
+    }
+
     /// Rounds an f64 to the nearest value this dtype can hold (integers truncate toward zero and
     /// saturate, as `as` casts do; NaN becomes 0 for integers).
     pub fn round(self, v: f64) -> f64 {
@@ -150,6 +162,16 @@ pub fn from_bytes<T: Element>(bytes: &[u8], dtype: DType) -> Vec<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subnormals_are_below_each_float_dtypes_smallest_normal() {
+        assert!(DType::F16.is_subnormal(3e-5) && !DType::F16.is_subnormal(6.2e-5));
+        assert!(!DType::F32.is_subnormal(3e-5) && DType::F32.is_subnormal(-1e-40));
+        assert!(DType::BF16.is_subnormal(1e-39) && !DType::BF16.is_subnormal(2e-38));
+        assert!(DType::F64.is_subnormal(1e-310) && !DType::F64.is_subnormal(1e-300));
+        assert!(!DType::F32.is_subnormal(0.0) && !DType::F32.is_subnormal(-0.0));
+        assert!(!DType::I32.is_subnormal(1e-40));
+    }
 
     #[test]
     fn bytes_round_trip_every_dtype() {

@@ -23,6 +23,9 @@ pub enum Fault {
     /// Reports allocator statistics in which every binary op takes a new block from the
     /// device: a caching allocator that never caches.
     AllocatesEveryOp,
+    /// Binary ops and casts write zero where their float result is subnormal, as a shader
+    /// compiled to flush them does (declared with [`Broken::may_flush_subnormals`] or not).
+    FlushesSubnormals,
 }
 
 /// The reference backend with `fault` injected.
@@ -39,6 +42,8 @@ pub struct Broken {
     accumulates: bool,
     /// Input gradients added in place so far.
     accumulated: std::sync::atomic::AtomicU64,
+    /// Whether it declares that it may flush subnormals.
+    declares_flush: bool,
 }
 
 impl Broken {
@@ -51,7 +56,41 @@ impl Broken {
             binaries: Default::default(),
             accumulates: true,
             accumulated: Default::default(),
+            declares_flush: false,
         }
+    }
+
+    /// Declares that it may flush subnormals of every dtype to zero, as a WGSL backend does.
+    pub fn may_flush_subnormals(mut self) -> Self {
+        self.declares_flush = true;
+        self
+    }
+
+    /// `y` (of `out`'s layout) with its subnormal elements zeroed under
+    /// [`Fault::FlushesSubnormals`].
+    fn flushed(&self, y: Storage, out: &Layout) -> Result<Storage> {
+        let dtype = y.dtype();
+        if self.fault != Fault::FlushesSubnormals || !dtype.is_float() {
+            return Ok(y);
+        }
+        let view = View {
+            storage: &y,
+            layout: out,
+        };
+        let mut bytes = self.inner.download(view)?;
+        for i in 0..out.numel() {
+            if dtype.is_subnormal(dtype.read(&bytes, i)) {
+                dtype.write(&mut bytes, i, 0.0);
+            }
+        }
+        // Back in `out`'s layout: the bytes are in row-major order.
+        let flat = self.inner.upload(dtype, HostBytes::Owned(bytes))?;
+        let row_major = Layout::contiguous(out.shape());
+        let view = View {
+            storage: &flat,
+            layout: &row_major,
+        };
+        self.inner.convert(view, dtype, out)
     }
 
     /// Declines to add convolutions' input gradients in place (as a backend without cuDNN):
@@ -91,6 +130,9 @@ impl Backend for Broken {
         !self.undeclared.contains(&dtype)
             && !self.hidden.contains(&op)
             && self.inner.supports(op, dtype)
+    }
+    fn may_flush_subnormals(&self, dtype: DType) -> bool {
+        self.declares_flush && dtype.is_float()
     }
     fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<Storage> {
         self.inner.fill(dtype, len, value)
@@ -138,7 +180,8 @@ impl Backend for Broken {
     }
     fn binary(&self, op: BinaryOp, a: View<'_>, b: View<'_>, out: &Layout) -> Result<Storage> {
         (self.binaries).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.binary(op, a, b, out)
+        let y = self.inner.binary(op, a, b, out)?;
+        self.flushed(y, out)
     }
     fn memory_stats(&self) -> Option<redline_tensor::MemoryStats> {
         let n = self.binaries.load(std::sync::atomic::Ordering::Relaxed);
@@ -176,7 +219,8 @@ impl Backend for Broken {
         self.inner.select(cond, a, b, out)
     }
     fn convert(&self, x: View<'_>, dtype: DType, out: &Layout) -> Result<Storage> {
-        self.inner.convert(x, dtype, out)
+        let y = self.inner.convert(x, dtype, out)?;
+        self.flushed(y, out)
     }
     fn copy_into(&self, dst: &Storage, at: &Layout, src: View<'_>) -> Result<()> {
         self.inner.copy_into(dst, at, src)

@@ -13,9 +13,10 @@ use crate::conformance::close;
 /// them): ReLU sends NaN and -inf to 0; maximum, minimum, max, argmax and max pooling take NaN
 /// over any number (the first NaN, for argmax and pooling's positions) and -inf as a value
 /// (PyTorch's); comparisons, sums and softmax are IEEE's; casts into integers are Rust's `as`;
-/// convolutions may spread a non-finite value but never lose one. The random cases never draw
-/// these values, and a shading language need not keep them: WGSL's `max(x, 0)` may return
-/// either operand for a NaN.
+/// convolutions may spread a non-finite value but never lose one; subnormals are kept, unless
+/// the backend declares it may flush them ([`redline_tensor::Backend::may_flush_subnormals`]).
+/// The random cases never draw these values, and a shading language need not keep them:
+/// WGSL's `max(x, 0)` may return either operand for a NaN.
 pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String> {
     use redline_tensor::{
         AdamWParams, NnOp, OptimOp, OtherOp, ReduceOp, Result, SgdParams, UnaryOp,
@@ -94,12 +95,18 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
         {
             // Subnormals are kept, not flushed to zero: f16's start below 6.1e-5 and f32's
             // (and bf16's) below 1.2e-38, and keeping small gradients representable is what
-            // loss scaling is for. Each result is rounded once: compared exactly.
+            // loss scaling is for. Each result is rounded once: compared exactly — or, on a
+            // backend that declares it may flush them (WGSL allows it), exactly or zero where
+            // the reference is subnormal.
+            let kept: Compare = match device.backend().may_flush_subnormals(dtype) {
+                true => exactly_or_flushed,
+                false => exactly,
+            };
             const TINY: [f64; 6] = [1e-5, 1e-7, -3e-6, 6e-8, 1e-40, -1e-42];
-            compared(exactly, &format!("cast of f32 {TINY:?}"), &|d| {
+            compared(kept, &format!("cast of f32 {TINY:?}"), &|d| {
                 tensor(d, DType::F32, &TINY, &[6])?.cast(dtype)
             })?;
-            compared(exactly, &format!("product of {TINY:?} and 0.5"), &|d| {
+            compared(kept, &format!("product of {TINY:?} and 0.5"), &|d| {
                 let x = tensor(d, DType::F32, &TINY, &[6])?.cast(dtype)?;
                 x.mul(&tensor(d, dtype, &[0.5; 6], &[6])?)
             })?;
@@ -563,5 +570,41 @@ fn exactly(got: &[f64], want: &[f64], _dtype: DType, what: &str) -> Result<(), S
     match got == want {
         true => Ok(()),
         false => Err(format!("{what}: {got:?}, reference {want:?}")),
+    }
+}
+
+/// [`exactly`], except that a zero stands for a reference value that is subnormal in `dtype`:
+/// for a backend that may flush subnormals. Any other difference fails, a lost normal value
+/// included.
+fn exactly_or_flushed(got: &[f64], want: &[f64], dtype: DType, what: &str) -> Result<(), String> {
+    let flushed = |g: f64, w: f64| g == 0.0 && dtype.is_subnormal(w);
+    let same =
+        got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| g == w || flushed(g, w));
+    match same {
+        true => Ok(()),
+        false => Err(format!(
+            "{what}: {got:?}, reference {want:?} (a zero may stand only for a subnormal)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_stands_only_for_a_subnormal_of_the_dtype() {
+        let ok = |got: &[f64], want: &[f64], dtype| exactly_or_flushed(got, want, dtype, "x");
+        assert!(ok(&[0.0, -0.0, 1.5], &[1e-40, -1e-42, 1.5], DType::F32).is_ok());
+        assert!(ok(&[0.0, 1e-40], &[1e-6, 1e-40], DType::F16).is_ok());
+        // A normal value of the dtype zeroed, a subnormal changed, a length changed.
+        let err = ok(&[0.0], &[1e-30], DType::F32).unwrap_err();
+        assert!(
+            err.contains("a zero may stand only for a subnormal"),
+            "{err}"
+        );
+        assert!(ok(&[0.0], &[1e-4], DType::F16).is_err());
+        assert!(ok(&[2e-40], &[1e-40], DType::F32).is_err());
+        assert!(ok(&[0.0], &[0.0, 0.0], DType::F32).is_err());
     }
 }

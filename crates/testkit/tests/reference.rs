@@ -382,3 +382,21 @@ fn a_convolution_adds_its_input_gradient_into_a_waiting_one_only_when_it_is_alon
         assert_eq!(shared, separate, "channels-last {channels_last}");
     }
 }
+
+/// The non-finite check's subnormal cases: a backend that flushes subnormals to zero fails
+/// it unless it declares that it may (as wgpu does: WGSL allows it), and declaring it while
+/// keeping them passes too.
+#[test]
+fn flushed_subnormals_fail_the_non_finite_check_unless_the_backend_declares_it() {
+    use redline_testkit::conformance::non_finite_values_as_the_reference as check;
+    let device = |b: Broken| Device::new(Arc::new(b));
+    let err = check(&device(Broken::new(Fault::FlushesSubnormals))).unwrap_err();
+    // f32's subnormals: (a cast into f32 is no call) the product by 0.5.
+    assert!(err.contains("f32 product of [1e-5"), "{err}");
+    assert!(err.contains("0.0], reference ["), "{err}");
+    check(&device(
+        Broken::new(Fault::FlushesSubnormals).may_flush_subnormals(),
+    ))
+    .unwrap();
+    check(&device(Broken::new(Fault::None).may_flush_subnormals())).unwrap();
+}

@@ -536,6 +536,9 @@ impl Backend for OpProfile {
     fn supports(&self, op: Op, dtype: DType) -> bool {
         self.inner.backend().supports(op, dtype)
     }
+    fn may_flush_subnormals(&self, dtype: DType) -> bool {
+        self.inner.backend().may_flush_subnormals(dtype)
+    }
     fn annotate(&self, name: &str) -> Annotation {
         self.inner.backend().annotate(name)
     }

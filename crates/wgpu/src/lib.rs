@@ -288,6 +288,14 @@ impl Backend for WgpuBackend {
         self.id
     }
 
+    /// WGSL lets any float result or input that is subnormal be flushed to zero. Lavapipe
+    /// keeps them; NVIDIA's Vulkan driver has been seen to flush f16 ones in arithmetic
+    /// (llvm/offload-test-suite#563), and naga cannot declare the float controls that ask
+    /// to keep them.
+    fn may_flush_subnormals(&self, dtype: DType) -> bool {
+        self.float(dtype)
+    }
+
     fn supports(&self, op: Op, dtype: DType) -> bool {
         if self.float(dtype) {
             return true;

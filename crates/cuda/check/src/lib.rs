@@ -14,7 +14,8 @@
 //!    and cuDNN (both paths must be right), and cuDNN's deterministic mode giving the same bits
 //!    twice;
 //! 5. `wgpu` — the wgpu conformance suite on the NVIDIA Vulkan adapter (vendor 0x10DE; a
-//!    software adapter does not count), where the machine offers one; else skipped, saying why;
+//!    software adapter does not count), where the machine offers one, with what it does to a
+//!    subnormal product in each dtype (kept, or flushed as WGSL allows); else skipped, saying why;
 //! 6. `nccl` — NCCL's library (file, version), a one-rank communicator's all-reduce (sum,
 //!    average, max in f32, bf16 and f16), broadcast and an all-reduce ordered by events while
 //!    the compute stream works, then a bucketed ResNet-18 backward under NCCL against a plain
@@ -558,8 +559,50 @@ fn wgpu_on_nvidia(cases: u32) -> Result<Value, String> {
     };
     let backend = redline_wgpu::WgpuBackend::new(is_nvidia).map_err(|e| e.to_string())?;
     let device = Device::new(Arc::new(backend));
-    let report = conformance(&device, cases, &Op::all())?;
-    Ok(json!({"adapter": adapter.name, "backend": adapter.backend, "conformance": report}))
+    let subnormals = subnormals_seen(&device);
+    let report = conformance(&device, cases, &Op::all())
+        .map_err(|e| format!("{e}\nsubnormal products: {subnormals}"))?;
+    Ok(json!({
+        "adapter": adapter.name, "backend": adapter.backend, "subnormals": subnormals,
+        "conformance": report,
+    }))
+}
+
+/// What the device made of a subnormal product in each float dtype it multiplies: the
+/// smallest normal value times 0.5, "kept" or "flushed" to zero (the conformance suite
+/// accepts the second only from a backend that declares it may: WGSL allows it), or the
+/// value where it is neither.
+fn subnormals_seen(device: &Device) -> Value {
+    let mut seen = Map::new();
+    for (dtype, smallest_normal) in [
+        (DType::F32, f32::MIN_POSITIVE as f64),
+        (DType::F16, 6.103515625e-5),
+        (DType::BF16, f32::MIN_POSITIVE as f64),
+    ] {
+        if !device
+            .backend()
+            .supports(Op::Binary(redline_tensor::BinaryOp::Mul), dtype)
+        {
+            continue;
+        }
+        let product = || -> redline_tensor::Result<f64> {
+            let value = |v: f64| {
+                let mut bytes = vec![0u8; dtype.size()];
+                dtype.write(&mut bytes, 0, v);
+                redline_tensor::Tensor::from_bytes(bytes, dtype, &[1], device)
+            };
+            let y = value(smallest_normal)?.mul(&value(0.5)?)?;
+            Ok(y.to_f64_vec()?[0])
+        };
+        let verdict = match product() {
+            Ok(v) if v == smallest_normal / 2.0 => "kept".to_string(),
+            Ok(0.0) => "flushed".to_string(),
+            Ok(v) => format!("{v:e} (want {:e} or 0)", smallest_normal / 2.0),
+            Err(e) => format!("failed: {e}"),
+        };
+        seen.insert(dtype.to_string(), verdict.into());
+    }
+    Value::Object(seen)
 }
 
 /// A bf16 3×3 convolution's weight gradient on fixed random inputs, as bytes (`small` for
@@ -1063,6 +1106,21 @@ mod tests {
         );
         assert_eq!(doc["binary_sha256"].as_str().map(str::len), Some(64));
         let _ = std::fs::remove_file(&json);
+    }
+
+    /// The wgpu stage's note of what the adapter does with subnormal products.
+    #[test]
+    fn subnormal_products_are_reported_kept_or_flushed() {
+        use redline_testkit::broken::{Broken, Fault};
+        let cpu = Device::new(Arc::new(redline_cpu::CpuBackend::new()));
+        let kept = subnormals_seen(&cpu);
+        assert_eq!(kept["f32"], "kept", "{kept}");
+        assert_eq!(kept["f16"], "kept", "{kept}");
+        assert_eq!(kept["bf16"], "kept", "{kept}");
+        let flushing = Device::new(Arc::new(Broken::new(Fault::FlushesSubnormals)));
+        let flushed = subnormals_seen(&flushing);
+        assert_eq!(flushed["f32"], "flushed", "{flushed}");
+        assert_eq!(flushed["f16"], "flushed", "{flushed}");
     }
 
     /// The speed stage names only the plans refused and run while it ran, not conformance's.
