@@ -24,7 +24,7 @@ pub enum Fault {
     /// device: a caching allocator that never caches.
     AllocatesEveryOp,
     /// Binary ops and casts write zero where their float result is subnormal, as a shader
-    /// compiled to flush them does (declared with [`Broken::may_flush_subnormals`] or not).
+    /// compiled to flush them does (declared with [`Broken::declaring_subnormal_flush`] or not).
     FlushesSubnormals,
 }
 
@@ -61,7 +61,7 @@ impl Broken {
     }
 
     /// Declares that it may flush subnormals of every dtype to zero, as a WGSL backend does.
-    pub fn may_flush_subnormals(mut self) -> Self {
+    pub fn declaring_subnormal_flush(mut self) -> Self {
         self.declares_flush = true;
         self
     }

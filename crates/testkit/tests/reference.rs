@@ -395,8 +395,11 @@ fn flushed_subnormals_fail_the_non_finite_check_unless_the_backend_declares_it()
     assert!(err.contains("f32 product of [1e-5"), "{err}");
     assert!(err.contains("0.0], reference ["), "{err}");
     check(&device(
-        Broken::new(Fault::FlushesSubnormals).may_flush_subnormals(),
+        Broken::new(Fault::FlushesSubnormals).declaring_subnormal_flush(),
     ))
     .unwrap();
-    check(&device(Broken::new(Fault::None).may_flush_subnormals())).unwrap();
+    check(&device(
+        Broken::new(Fault::None).declaring_subnormal_flush(),
+    ))
+    .unwrap();
 }
