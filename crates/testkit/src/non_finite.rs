@@ -98,7 +98,9 @@ pub fn non_finite_values_as_the_reference(device: &Device) -> Result<(), String>
             // loss scaling is for. Each result is rounded once: compared exactly — or, on a
             // backend that declares it may flush them (WGSL allows it), exactly or zero where
             // the reference is subnormal.
-            let kept: Compare = match device.backend().may_flush_subnormals(dtype) {
+            // (The inputs are f32's: a flush of either dtype may show.)
+            let may_flush = |d: DType| device.backend().may_flush_subnormals(d);
+            let kept: Compare = match may_flush(dtype) || may_flush(DType::F32) {
                 true => exactly_or_flushed,
                 false => exactly,
             };

@@ -13,9 +13,10 @@
 //! 4. `own-kernels` — matmul and the convolutions again on our own kernels instead of cuBLASLt
 //!    and cuDNN (both paths must be right), and cuDNN's deterministic mode giving the same bits
 //!    twice;
-//! 5. `wgpu` — the wgpu conformance suite on the NVIDIA Vulkan adapter (vendor 0x10DE; a
-//!    software adapter does not count), where the machine offers one, with what it does to a
-//!    subnormal product in each dtype (kept, or flushed as WGSL allows); else skipped, saying why;
+//! 5. `wgpu` — the wgpu conformance suite and the non-finite check on the NVIDIA Vulkan
+//!    adapter (vendor 0x10DE; a software adapter does not count), where the machine offers
+//!    one, with what it does to a subnormal product in each dtype (kept, or flushed as WGSL
+//!    allows); else skipped, saying why;
 //! 6. `nccl` — NCCL's library (file, version), a one-rank communicator's all-reduce (sum,
 //!    average, max in f32, bf16 and f16), broadcast and an all-reduce ordered by events while
 //!    the compute stream works, then a bucketed ResNet-18 backward under NCCL against a plain
@@ -559,13 +560,39 @@ fn wgpu_on_nvidia(cases: u32) -> Result<Value, String> {
     };
     let backend = redline_wgpu::WgpuBackend::new(is_nvidia).map_err(|e| e.to_string())?;
     let device = Device::new(Arc::new(backend));
-    let subnormals = subnormals_seen(&device);
-    let report = conformance(&device, cases, &Op::all())
-        .map_err(|e| format!("{e}\nsubnormal products: {subnormals}"))?;
-    Ok(json!({
-        "adapter": adapter.name, "backend": adapter.backend, "subnormals": subnormals,
-        "conformance": report,
-    }))
+    let mut report = wgpu_checks(&device, cases)?;
+    report["adapter"] = json!(adapter.name);
+    report["backend"] = json!(adapter.backend);
+    Ok(report)
+}
+
+/// The wgpu stage's checks on `device`: the conformance suite, and NaN, ±inf and subnormals
+/// against the reference — WGSL lets a driver assume none occurs (its finite-math assumption)
+/// and flush subnormals, and GradScaler's skip needs the first two kept. Both run whatever
+/// the other gives; a failure carries what the device made of a subnormal product.
+fn wgpu_checks(device: &Device, cases: u32) -> Result<Value, String> {
+    let subnormals = subnormals_seen(device);
+    let matrix = conformance(device, cases, &Op::all());
+    let non_finite = redline_testkit::conformance::non_finite_values_as_the_reference(device)
+        .map_err(|e| format!("non-finite values: {e}"));
+    match (matrix, non_finite) {
+        (Ok(matrix), Ok(())) => Ok(json!({
+            "conformance": matrix,
+            "non_finite_values": "NaN and ±inf as the reference; subnormals kept or flushed to \
+                                  zero (declared: WGSL allows it)",
+            "subnormals": subnormals,
+        })),
+        (matrix, non_finite) => {
+            let errors: Vec<String> = [matrix.err(), non_finite.err()]
+                .into_iter()
+                .flatten()
+                .collect();
+            Err(format!(
+                "{}\nsubnormal products: {subnormals}",
+                errors.join("\n")
+            ))
+        }
+    }
 }
 
 /// What the device made of a subnormal product in each float dtype it multiplies: the
@@ -1106,6 +1133,26 @@ mod tests {
         );
         assert_eq!(doc["binary_sha256"].as_str().map(str::len), Some(64));
         let _ = std::fs::remove_file(&json);
+    }
+
+    /// The wgpu stage's checks: the matrix, the non-finite check and the subnormal note in
+    /// its JSON; a device that flushes subnormals without declaring it fails the non-finite
+    /// check, named, with what it did to a subnormal product.
+    #[test]
+    fn the_wgpu_stage_runs_the_suite_and_the_non_finite_check() {
+        use redline_testkit::broken::{Broken, Fault};
+        let report = wgpu_checks(&Device::reference(), 1).unwrap();
+        assert!(report["conformance"]["matrix"].is_string(), "{report}");
+        assert!(report["non_finite_values"].is_string(), "{report}");
+        assert_eq!(report["subnormals"]["f16"], "kept", "{report}");
+        let flushing = Device::new(Arc::new(Broken::new(Fault::FlushesSubnormals)));
+        let err = wgpu_checks(&flushing, 1).unwrap_err();
+        assert!(err.contains("non-finite values: "), "{err}");
+        assert!(err.contains("subnormal products: {"), "{err}");
+        assert!(err.contains("\"f32\":\"flushed\""), "{err}");
+        let declared = Broken::new(Fault::FlushesSubnormals).declaring_subnormal_flush();
+        let report = wgpu_checks(&Device::new(Arc::new(declared)), 1).unwrap();
+        assert_eq!(report["subnormals"]["f32"], "flushed", "{report}");
     }
 
     /// The wgpu stage's note of what the adapter does with subnormal products.
