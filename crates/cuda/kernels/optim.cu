@@ -96,12 +96,15 @@ struct AdamArgs {
 ///
 /// The bias corrections take two f64 `pow`s: one thread of each block computes them and shares
 /// them, since every thread doing so cost a GeForce card (f64 at 1/64 rate) milliseconds a
-/// step. A block past its tensor's end leaves first (the grid is sized for the longest).
+/// step. A block past its tensor's end leaves first (the grid is sized for the longest); a
+/// skipped step leaves after the barrier, so whether a block reaches it depends on its place
+/// alone, never on data (the host emulator runs a kernel whose launch met no barrier without
+/// fibers from then on, and a skipped first step would have hidden it).
 template <class T>
 __global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag lr, Flag found_inf) {
     typedef typename Num<T>::acc A;
     const int t = blockIdx.y;
-    if ((i64)blockIdx.x * blockDim.x >= list.n[t] || raised(found_inf)) return;
+    if ((i64)blockIdx.x * blockDim.x >= list.n[t]) return;
     __shared__ A corrections[2];
     if (threadIdx.x == 0) {
         const double s = load_scalar((const void *)step.ptr, step.code);
@@ -109,6 +112,7 @@ __global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag lr, Flag foun
         corrections[1] = (A)sqrt(1.0 - pow(a.beta2, s));
     }
     __syncthreads();
+    if (raised(found_inf)) return;
     const A bc1 = corrections[0], bc2_sqrt = corrections[1];
     const double rate = load_scalar((const void *)lr.ptr, lr.code) * a.lr_scale;
     T *param = (T *)list.ptr[0][t];

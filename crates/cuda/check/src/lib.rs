@@ -257,7 +257,7 @@ pub fn run(options: &Options) -> bool {
             eprintln!("gpu-check: stage {n}/{stages}: {name}");
             let t = Instant::now();
             let watch = watch(journal, name, options.stage_timeout, started);
-            let result = f();
+            let result = caught(f);
             drop(watch);
             let seconds = t.elapsed().as_secs_f64();
             match &result {
@@ -566,32 +566,69 @@ fn wgpu_on_nvidia(cases: u32) -> Result<Value, String> {
     Ok(report)
 }
 
-/// The wgpu stage's checks on `device`: the conformance suite, and NaN, ±inf and subnormals
-/// against the reference — WGSL lets a driver assume none occurs (its finite-math assumption)
-/// and flush subnormals, and GradScaler's skip needs the first two kept. Both run whatever
-/// the other gives; a failure carries what the device made of a subnormal product.
+/// `f`'s result, or its panic as an error: a test helper asserting on a device that breaks
+/// its contract fails its stage (or check) instead of ending the run, so the stages after it —
+/// the speed stage last — still run in a short GPU window.
+fn caught<T>(f: &mut dyn FnMut() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = (payload.downcast_ref::<String>().cloned())
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "(no message)".into());
+        Err(format!("panicked: {message}"))
+    })
+}
+
+/// The wgpu stage's checks on `device`, the first real driver under the wgpu backend: the
+/// conformance suite; NaN, ±inf and subnormals against the reference (WGSL lets a driver
+/// assume none occurs — its finite-math assumption — and flush subnormals, and GradScaler's
+/// skip needs the first two kept); and the contracts lavapipe's suite checks that a driver
+/// decides (event-ordered downloads, timestamps, an AMP step against the CPU, convolution
+/// gradients' layouts and in-place addition, a steady state that allocates nothing). Every
+/// check runs whatever the others give; a failure lists each one's and carries what the device
+/// made of a subnormal product.
 fn wgpu_checks(device: &Device, cases: u32) -> Result<Value, String> {
+    use redline_testkit::{conformance as c, events, timing, training};
     let subnormals = subnormals_seen(device);
-    let matrix = conformance(device, cases, &Op::all());
-    let non_finite = redline_testkit::conformance::non_finite_values_as_the_reference(device)
-        .map_err(|e| format!("non-finite values: {e}"));
-    match (matrix, non_finite) {
-        (Ok(matrix), Ok(())) => Ok(json!({
+    let cpu = redline_cpu::CpuBackend::device();
+    type Check<'a> = (&'static str, &'a dyn Fn() -> Result<(), String>);
+    let checks: [Check; 7] = [
+        ("non_finite_values", &|| {
+            c::non_finite_values_as_the_reference(device)
+        }),
+        ("events", &|| events::check_events(device)),
+        ("timestamps", &|| timing::check_timestamps(device)),
+        ("amp_step", &|| training::check_amp_step(device, &cpu)),
+        ("conv_weight_grad_layouts", &|| {
+            c::conv_weight_grad_in_the_weights_order(device)
+        }),
+        ("conv_input_grad_into_a_waiting_one", &|| {
+            c::conv_input_grad_into_a_waiting_gradient(device)
+        }),
+        ("steady_state_memory", &|| {
+            training::check_steady_state_memory(device)
+        }),
+    ];
+    let matrix = caught(&mut || conformance(device, cases, &Op::all()));
+    let mut errors: Vec<String> = matrix.as_ref().err().cloned().into_iter().collect();
+    let mut passed = Vec::new();
+    for (name, check) in checks {
+        match caught(&mut || check()) {
+            Ok(()) => passed.push(name),
+            Err(e) => errors.push(format!("{name}: {e}")),
+        }
+    }
+    match (matrix, errors.is_empty()) {
+        (Ok(matrix), true) => Ok(json!({
             "conformance": matrix,
+            "checks_passed": passed,
             "non_finite_values": "NaN and ±inf as the reference; subnormals kept or flushed to \
                                   zero (declared: WGSL allows it)",
             "subnormals": subnormals,
         })),
-        (matrix, non_finite) => {
-            let errors: Vec<String> = [matrix.err(), non_finite.err()]
-                .into_iter()
-                .flatten()
-                .collect();
-            Err(format!(
-                "{}\nsubnormal products: {subnormals}",
-                errors.join("\n")
-            ))
-        }
+        _ => Err(format!(
+            "{}\nchecks passed: {passed:?}\nsubnormal products: {subnormals}",
+            errors.join("\n")
+        )),
     }
 }
 
@@ -1135,24 +1172,45 @@ mod tests {
         let _ = std::fs::remove_file(&json);
     }
 
-    /// The wgpu stage's checks: the matrix, the non-finite check and the subnormal note in
-    /// its JSON; a device that flushes subnormals without declaring it fails the non-finite
-    /// check, named, with what it did to a subnormal product.
+    /// A panic becomes an error with its message, whether formatted or a literal.
     #[test]
-    fn the_wgpu_stage_runs_the_suite_and_the_non_finite_check() {
+    fn a_panic_is_caught_as_an_error_with_its_message() {
+        let err = caught(&mut || -> Result<(), String> { panic!("slot {} refused", 3) });
+        assert_eq!(err.unwrap_err(), "panicked: slot 3 refused");
+        let err = caught(&mut || -> Result<(), String> { panic!("plain") });
+        assert_eq!(err.unwrap_err(), "panicked: plain");
+        assert_eq!(caught(&mut || Ok(7)), Ok(7));
+    }
+
+    /// The wgpu stage's checks: the matrix, every named check and the subnormal note in its
+    /// JSON; a device that flushes subnormals without declaring it fails the non-finite check,
+    /// named, with what it did to a subnormal product, and the other checks still run.
+    #[test]
+    fn the_wgpu_stage_runs_the_suite_and_the_drivers_contracts() {
         use redline_testkit::broken::{Broken, Fault};
-        let report = wgpu_checks(&Device::reference(), 1).unwrap();
+        // A device with a clock (the emulated GPU) passes every check.
+        let emulated = CudaBackend::emulated().unwrap();
+        let report = wgpu_checks(&Device::new(Arc::new(emulated)), 1).unwrap();
         assert!(report["conformance"]["matrix"].is_string(), "{report}");
         assert!(report["non_finite_values"].is_string(), "{report}");
+        let passed = report["checks_passed"].as_array().map(Vec::len);
+        assert_eq!(passed, Some(7), "{report}");
         assert_eq!(report["subnormals"]["f16"], "kept", "{report}");
+        // The CPU takes no timestamps: that check alone fails, named, and the rest pass.
+        let err = wgpu_checks(&redline_cpu::CpuBackend::device(), 1).unwrap_err();
+        assert!(err.starts_with("timestamps: cpu takes no timestamps\nchecks passed: [\"non_finite_values\", \"events\", \"amp_step\""), "{err}");
         let flushing = Device::new(Arc::new(Broken::new(Fault::FlushesSubnormals)));
         let err = wgpu_checks(&flushing, 1).unwrap_err();
-        assert!(err.contains("non-finite values: "), "{err}");
-        assert!(err.contains("subnormal products: {"), "{err}");
+        assert!(err.contains("non_finite_values: "), "{err}");
         assert!(err.contains("\"f32\":\"flushed\""), "{err}");
+        assert!(err.contains("\"events\""), "the later checks ran: {err}");
         let declared = Broken::new(Fault::FlushesSubnormals).declaring_subnormal_flush();
-        let report = wgpu_checks(&Device::new(Arc::new(declared)), 1).unwrap();
-        assert_eq!(report["subnormals"]["f32"], "flushed", "{report}");
+        let declared = Device::new(Arc::new(declared));
+        match wgpu_checks(&declared, 1) {
+            Ok(report) => assert_eq!(report["subnormals"]["f32"], "flushed", "{report}"),
+            // (The reference takes no timestamps.)
+            Err(e) => assert!(!e.contains("non_finite_values: "), "{e}"),
+        }
     }
 
     /// The wgpu stage's note of what the adapter does with subnormal products.
