@@ -42,16 +42,22 @@ impl DType {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
     }
 
+    /// The smallest positive normal value of this float dtype (f16's 2^-14; bf16's is f32's
+    /// 2^-126); None for integer dtypes.
+    pub fn smallest_normal(self) -> Option<f64> {
+        match self {
+            DType::F64 => Some(f64::MIN_POSITIVE),
+            DType::F32 | DType::BF16 => Some(f32::MIN_POSITIVE as f64),
+            DType::F16 => Some(f16::MIN_POSITIVE.to_f64()),
+            DType::U8 | DType::I32 | DType::I64 => None,
+        }
+    }
+
     /// Whether `v` is subnormal in this float dtype: non-zero and below its smallest normal
-    /// magnitude (f16's 2^-14; bf16's is f32's 2^-126). False for integer dtypes.
+    /// magnitude. False for integer dtypes.
     pub fn is_subnormal(self, v: f64) -> bool {
-        let smallest_normal = match self {
-            DType::F64 => f64::MIN_POSITIVE,
-            DType::F32 | DType::BF16 => f32::MIN_POSITIVE as f64,
-            DType::F16 => f16::MIN_POSITIVE.to_f64(),
-            DType::U8 | DType::I32 | DType::I64 => return false,
-        };
-        v != 0.0 && v.abs() < smallest_normal
+        self.smallest_normal()
+            .is_some_and(|smallest| v != 0.0 && v.abs() < smallest)
     }
 
     /// Rounds an f64 to the nearest value this dtype can hold (integers truncate toward zero and

@@ -638,15 +638,12 @@ fn wgpu_checks(device: &Device, cases: u32) -> Result<Value, String> {
 /// value where it is neither.
 fn subnormals_seen(device: &Device) -> Value {
     let mut seen = Map::new();
-    for (dtype, smallest_normal) in [
-        (DType::F32, f32::MIN_POSITIVE as f64),
-        (DType::F16, 6.103515625e-5),
-        (DType::BF16, f32::MIN_POSITIVE as f64),
-    ] {
-        if !device
-            .backend()
-            .supports(Op::Binary(redline_tensor::BinaryOp::Mul), dtype)
-        {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let mul = Op::Binary(redline_tensor::BinaryOp::Mul);
+        let Some(smallest_normal) = dtype.smallest_normal() else {
+            continue;
+        };
+        if !device.backend().supports(mul, dtype) {
             continue;
         }
         let product = || -> redline_tensor::Result<f64> {
