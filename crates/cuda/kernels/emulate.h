@@ -2,7 +2,7 @@
 //
 // The kernels in this folder are compiled twice from the same text: by NVRTC for the GPU, and by
 // g++ with this header forced in front (`-include emulate.h`) for the host emulator that CI runs.
-// Each CUDA thread of a block becomes a fiber (ucontext) with its own stack and its own
+// Each CUDA thread of a block becomes a fiber with its own stack and its own
 // threadIdx; a block's fibers run cooperatively on one OS thread, switching only at barriers,
 // and blocks run one after another. So:
 // - `__shared__` is a function-local thread_local static: one copy per block in flight (a
@@ -22,11 +22,18 @@
 //   with its threads as plain calls (no fibers): elementwise work at function-call speed.
 // - `__half` and `__nv_bfloat16` are 16-bit host types with correctly rounded conversions.
 // Slow (a context switch per thread per barrier), but exact about indexing, tails and
-// synchronisation. The host shims `host/cuda_fp16.h` and `host/cuda_bf16.h` stand in for
-// NVIDIA's headers.
+// synchronisation. On x86-64 a switch saves only what a function call must preserve (see
+// `switch_to`); glibc's swapcontext, used elsewhere, also makes a system call per switch. The
+// host shims `host/cuda_fp16.h` and `host/cuda_bf16.h` stand in for NVIDIA's headers.
 #pragma once
 
+// The hand-written switch on x86-64; ucontext elsewhere, or where REDLINE_EMU_UCONTEXT is
+// defined (how the emulator's self-test checks that path too).
+#if defined(__x86_64__) && !defined(REDLINE_EMU_UCONTEXT)
+#define REDLINE_EMU_FAST_SWITCH 1
+#else
 #include <ucontext.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -60,8 +67,77 @@ namespace redline_emu {
 constexpr unsigned kWarp = 32;
 constexpr size_t kStackBytes = 128 * 1024;
 
+// A fiber's saved execution state: where to resume it.
+#if REDLINE_EMU_FAST_SWITCH
+// glibc's swapcontext saves and restores the signal mask with a system call on every switch:
+// nine tenths of the emulated suite's time went there. A switch here is a call that pushes the
+// registers the System V ABI makes callee-saved, stores the stack pointer, loads the other
+// fiber's and pops its registers; the `ret` resumes that fiber where it called the switch. The
+// kernels never change the floating-point environment, so MXCSR and the x87 control word need
+// no saving. Hidden: each emulator library has its own.
+struct Context {
+    void *sp = nullptr;
+};
+
+extern "C" __attribute__((visibility("hidden"))) void redline_emu_switch(void **save, void *load);
+asm(R"(
+    .text
+    .globl redline_emu_switch
+    .hidden redline_emu_switch
+    .type redline_emu_switch, @function
+    .p2align 4
+redline_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size redline_emu_switch, .-redline_emu_switch
+)");
+
+/// Saves the running fiber's state in `from` and resumes `to`.
+inline void switch_to(Context &from, Context &to) { redline_emu_switch(&from.sp, to.sp); }
+
+/// Prepares `c` to start `entry` on `stack`: a frame as `redline_emu_switch` leaves one, whose
+/// six registers are zero and whose return address is `entry`, above which a null return
+/// address ends backtraces. `entry` then starts with the stack pointer 8 bytes past a 16-byte
+/// boundary, as after a call.
+inline void start_context(Context &c, std::vector<char> &stack, void (*entry)()) {
+    auto top = reinterpret_cast<uintptr_t>(stack.data() + stack.size()) & ~uintptr_t(15);
+    void **frame = reinterpret_cast<void **>(top) - 8;
+    for (int i = 0; i < 6; i++) frame[i] = nullptr;
+    frame[6] = reinterpret_cast<void *>(entry);
+    frame[7] = nullptr;
+    c.sp = frame;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+
+inline void switch_to(Context &from, Context &to) { swapcontext(&from.uc, &to.uc); }
+
+inline void start_context(Context &c, std::vector<char> &stack, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack.data();
+    c.uc.uc_stack.ss_size = stack.size();
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
 struct Fiber {
-    ucontext_t context;
+    Context context;
     std::vector<char> stack;
     uint3 thread_idx;
     unsigned linear = 0;
@@ -73,7 +149,7 @@ struct Block {
     dim3 grid, block;
     uint3 block_idx;
     std::vector<Fiber> fibers;
-    ucontext_t scheduler;
+    Context scheduler;
     Fiber *current = nullptr;
     unsigned exited = 0;
     // The block barrier: arrivals in the current generation.
@@ -111,13 +187,13 @@ inline Fiber &fiber() { return *g_block->current; }
                   ") of block (" + std::to_string(b.block_idx.x) + "," +
                   std::to_string(b.block_idx.y) + "," + std::to_string(b.block_idx.z) + "))";
     }
-    for (;;) swapcontext(&fiber().context, &b.scheduler);
+    for (;;) switch_to(fiber().context, b.scheduler);
 }
 
 /// Hands control back to the scheduler until it resumes this fiber.
 inline void yield() {
     Block &b = block();
-    swapcontext(&b.current->context, &b.scheduler);
+    switch_to(b.current->context, b.scheduler);
 }
 
 inline unsigned threads_in_block() { return block().block.x * block().block.y * block().block.z; }
@@ -192,15 +268,14 @@ T shuffle(unsigned mask, T value, unsigned src, const char *what) {
     return out;
 }
 
-inline void fiber_main(unsigned hi, unsigned lo) {
-    (void)hi;
-    (void)lo;
+/// A fiber's first and only frame: runs the kernel for its thread, then parks for good.
+[[noreturn]] inline void fiber_main() {
     Block &b = block();
     b.entry(b.args);
     b.current->done = true;
     b.exited++;
     if (b.barrier_arrived > 0) fail("a thread exited while others wait at __syncthreads()");
-    swapcontext(&b.current->context, &b.scheduler);
+    for (;;) switch_to(b.current->context, b.scheduler);
 }
 
 /// Runs one block with each thread a plain call, in order: for kernels without barriers, where
@@ -237,11 +312,7 @@ inline std::string run_fibers(Block &b, unsigned n, dim3 blk, bool reverse) {
         f.linear = t;
         f.thread_idx = {t % blk.x, (t / blk.x) % blk.y, t / (blk.x * blk.y)};
         f.done = false;
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack.data();
-        f.context.uc_stack.ss_size = f.stack.size();
-        f.context.uc_link = nullptr;
-        makecontext(&f.context, (void (*)())fiber_main, 2, 0u, 0u);
+        start_context(f.context, f.stack, fiber_main);
     }
     // Round-robin until every thread is done; a round in which nothing moves is a deadlock (a
     // barrier some threads never reach).
@@ -255,7 +326,7 @@ inline std::string run_fibers(Block &b, unsigned n, dim3 blk, bool reverse) {
             Fiber &f = b.fibers[reverse ? n - 1 - k : k];
             if (f.done) continue;
             b.current = &f;
-            swapcontext(&b.scheduler, &f.context);
+            switch_to(b.scheduler, f.context);
             if (!b.error.empty()) return b.error;
             if (!f.done) all_done = false;
         }

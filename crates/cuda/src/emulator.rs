@@ -26,6 +26,14 @@ use redline_tensor::{Result, TensorError};
 use crate::gpu::{Captured, DevicePtr, Gpu, KernelArgs, LaunchShape};
 use crate::kernels::{self, Family};
 
+thread_local! {
+    /// Launches made from this thread, whatever the emulator: their parity picks the order in
+    /// which a block's threads start. Counted per thread, not per emulator, so a test on an
+    /// emulator other tests share alternates the same way on every run (a race the suite finds
+    /// is found every time, not as the test threads happen to interleave).
+    static LAUNCHES_ON_THIS_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Guard bytes on each side of an allocation.
 const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xA5;
@@ -321,7 +329,8 @@ impl Emulator {
     fn execute(&self, kernel: &str, shape: LaunchShape, args: &KernelArgs) -> Result<()> {
         let name = CString::new(kernel).map_err(|_| error("a kernel name with a NUL byte"))?;
         let _serial = self.launching.lock().unwrap_or_else(|p| p.into_inner());
-        let reverse = self.launches.fetch_add(1, Ordering::Relaxed) % 2;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        let reverse = LAUNCHES_ON_THIS_THREAD.replace(LAUNCHES_ON_THIS_THREAD.get() + 1) % 2;
         let mut pointers = args.pointers();
         let sizes: Vec<c_ulong> = args.sizes().iter().map(|&n| n as c_ulong).collect();
         let mut message = vec![0u8; 1024];
