@@ -22,8 +22,8 @@
 //   with its threads as plain calls (no fibers): elementwise work at function-call speed.
 // - `__half` and `__nv_bfloat16` are 16-bit host types with correctly rounded conversions.
 // Slow (a context switch per thread per barrier), but exact about indexing, tails and
-// synchronisation. On x86-64 a switch saves only what a function call must preserve (see
-// `switch_to`); glibc's swapcontext, used elsewhere, also makes a system call per switch. The
+// synchronisation. On x86-64 a switch saves only the registers a function call must preserve
+// (see `switch_to`); glibc's swapcontext, used elsewhere, also makes a system call per switch. The
 // host shims `host/cuda_fp16.h` and `host/cuda_bf16.h` stand in for NVIDIA's headers.
 #pragma once
 
@@ -81,7 +81,7 @@ struct Context {
 
 extern "C" __attribute__((visibility("hidden"))) void redline_emu_switch(void **save, void *load);
 asm(R"(
-    .text
+    .pushsection .text
     .globl redline_emu_switch
     .hidden redline_emu_switch
     .type redline_emu_switch, @function
@@ -103,6 +103,7 @@ redline_emu_switch:
     popq %rbp
     ret
     .size redline_emu_switch, .-redline_emu_switch
+    .popsection
 )");
 
 /// Saves the running fiber's state in `from` and resumes `to`.
@@ -247,6 +248,9 @@ inline unsigned lane_id() { return fiber().linear % kWarp; }
 /// overwrites its slot before every lane has read).
 inline uint64_t exchange(unsigned mask, uint64_t bits, unsigned src, const char *what) {
     Block &b = block();
+    // In direct mode the exchange buffers are sized for the last fiber launch: refuse before
+    // writing (warp_barrier would, one line too late).
+    if (b.direct) throw BarrierInDirectMode{};
     unsigned w = fiber().linear / kWarp;
     uint64_t *slots = &b.warp_values[w * kWarp];
     slots[lane_id()] = bits;
@@ -269,7 +273,7 @@ T shuffle(unsigned mask, T value, unsigned src, const char *what) {
 }
 
 /// A fiber's first and only frame: runs the kernel for its thread, then parks for good.
-[[noreturn]] inline void fiber_main() {
+[[noreturn]] inline void fiber_main() noexcept {
     Block &b = block();
     b.entry(b.args);
     b.current->done = true;

@@ -160,7 +160,7 @@ fn registry(families: &[Family]) -> String {
     out.push_str(
         r#"};
 
-extern "C" int redline_emu_launch(const char *name, const unsigned *grid, const unsigned *block,
+extern "C" __attribute__((visibility("default"))) int redline_emu_launch(const char *name, const unsigned *grid, const unsigned *block,
                                   void **args, const unsigned long *sizes, unsigned count, int reverse,
                                   char *error, unsigned long error_len) {
     for (const RedlineEntry &e : redline_entries) {
@@ -184,7 +184,21 @@ extern "C" int redline_emu_launch(const char *name, const unsigned *grid, const 
 }
 
 /// Compiler flags: C++17, wrapping signed arithmetic (as the GPU's), no fast-math.
-const FLAGS: &[&str] = &["-std=c++17", "-O1", "-fwrapv", "-fPIC", "-shared"];
+/// - Hidden visibility: the library exports its launcher alone. g++ would otherwise merge
+///   function-local statics (`__shared__` arrays, the emulator's own block) across every
+///   library loaded in the process (STB_GNU_UNIQUE), so two emulators of different kernel texts
+///   would share them.
+/// - On x86-64, indirect-branch protection only: a fiber's first switch returns into a function
+///   that was never called, which a shadow stack refuses, so the library must not claim
+///   shadow-stack support (Ubuntu's g++ marks objects with both by default).
+fn flags() -> Vec<&'static str> {
+    let mut flags = vec!["-std=c++17", "-O1", "-fwrapv", "-fvisibility=hidden"];
+    if cfg!(target_arch = "x86_64") {
+        flags.push("-fcf-protection=branch");
+    }
+    flags.extend(["-fPIC", "-shared"]);
+    flags
+}
 
 fn compiler() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "g++".into())
@@ -200,8 +214,9 @@ fn build() -> Result<PathBuf> {
     let files = sources()?;
     let registry = registry(&families);
     let cxx = compiler();
+    let flags = flags();
     let mut parts: Vec<&str> = vec![&registry, &cxx];
-    parts.extend(FLAGS);
+    parts.extend(&flags);
     for (name, text) in &files {
         parts.push(name);
         parts.push(text);
@@ -231,7 +246,7 @@ fn build() -> Result<PathBuf> {
     let build = BUILDS.fetch_add(1, Ordering::Relaxed);
     let partial = dir.join(format!("kernels.so.{}.{build}", std::process::id()));
     let mut cmd = Command::new(&cxx);
-    cmd.args(FLAGS)
+    cmd.args(&flags)
         .arg("-include")
         .arg(dir.join("emulate.h"))
         .arg("-I")

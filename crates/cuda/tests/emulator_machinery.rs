@@ -1,7 +1,8 @@
 //! The emulator's machinery on its own: `emulator_machinery.cpp` launches small kernels through
 //! `emulate.h` directly — no registry, no backend — and prints each case's outcome. Fibers must
-//! keep their registers and stacks across barriers (the switch between them is hand-written on
-//! x86-64), and every synchronisation error must be named, in both thread orders. Compiled twice:
+//! keep their registers, stacks and alignment across barriers (the switch between them is
+//! hand-written on x86-64) and start afresh after a failed launch, and every synchronisation
+//! error must be named (an early exit and a missing barrier in both thread orders). Compiled twice:
 //! with the hand-written switch and with glibc's ucontext (`REDLINE_EMU_UCONTEXT`), the path
 //! other architectures take. Needs only a host C++ compiler (g++, or `CXX`).
 
@@ -22,6 +23,7 @@ const EXPECTED: &[(&str, &str)] = &[
         "early exit, backward",
         "a thread exited while others wait at __syncthreads() (thread (0,0,0)",
     ),
+    ("tree sum after a failed launch", "ok"),
     (
         "crossed barriers",
         "deadlock: threads wait at a barrier that others never reach",
@@ -54,7 +56,6 @@ const EXPECTED: &[(&str, &str)] = &[
         "missing barrier, backward",
         "32 of 64 threads read a stale slot",
     ),
-    ("tree sum after failed launches", "ok"),
 ];
 
 /// Compiles the self-test with `defines`, runs it and returns each case's outcome.
@@ -63,9 +64,14 @@ fn outcomes(defines: &[&str], name: &str) -> BTreeMap<String, String> {
     let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     // The emulator's own flags (`src/emulator.rs`), for an executable.
+    let mut flags = vec!["-std=c++17", "-O1", "-fwrapv", "-fvisibility=hidden"];
+    if cfg!(target_arch = "x86_64") {
+        flags.push("-fcf-protection=branch");
+    }
     let output = Command::new(&cxx)
         .args(defines)
-        .args(["-std=c++17", "-O1", "-fwrapv", "-include"])
+        .args(flags)
+        .arg("-include")
         .arg(here.join("kernels/emulate.h"))
         .arg(here.join("tests/emulator_machinery.cpp"))
         .arg("-o")
@@ -87,11 +93,12 @@ fn outcomes(defines: &[&str], name: &str) -> BTreeMap<String, String> {
         binary.display(),
         output.status
     );
-    stdout
-        .lines()
-        .filter_map(|line| line.split_once('\t'))
-        .map(|(case, what)| (case.to_string(), what.to_string()))
-        .collect()
+    let mut outcomes = BTreeMap::new();
+    for (case, what) in stdout.lines().filter_map(|line| line.split_once('\t')) {
+        let earlier = outcomes.insert(case.to_string(), what.to_string());
+        assert!(earlier.is_none(), "case {case:?} printed twice:\n{stdout}");
+    }
+    outcomes
 }
 
 fn check(defines: &[&str], name: &str) {
@@ -109,8 +116,8 @@ fn check(defines: &[&str], name: &str) {
             Some(_) => {}
         }
     }
-    assert_eq!(got.len(), EXPECTED.len(), "cases: {got:?}");
     assert!(wrong.is_empty(), "{defines:?}:\n{}", wrong.join("\n"));
+    assert_eq!(got.len(), EXPECTED.len(), "cases not expected: {got:?}");
 }
 
 #[test]
