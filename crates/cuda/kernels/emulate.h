@@ -23,8 +23,8 @@
 // - `__half` and `__nv_bfloat16` are 16-bit host types with correctly rounded conversions.
 // Slow (a context switch per thread per barrier), but exact about indexing, tails and
 // synchronisation. On x86-64 a switch saves only the registers a function call must preserve
-// (see `switch_to`); glibc's swapcontext, used elsewhere, also makes a system call per switch. The
-// host shims `host/cuda_fp16.h` and `host/cuda_bf16.h` stand in for NVIDIA's headers.
+// (see `switch_to`); glibc's swapcontext, used elsewhere, also makes a system call per switch.
+// The host shims `host/cuda_fp16.h` and `host/cuda_bf16.h` stand in for NVIDIA's headers.
 #pragma once
 
 // The hand-written switch on x86-64; ucontext elsewhere, or where REDLINE_EMU_UCONTEXT is

@@ -185,7 +185,9 @@ extern "C" __attribute__((visibility("default"))) int redline_emu_launch(const c
     out
 }
 
-/// Compiler flags: C++17, wrapping signed arithmetic (as the GPU's), no fast-math.
+/// How the kernels are compiled for the host, before `-fPIC -shared` (the emulator's self-test
+/// builds an executable with the same): C++17, wrapping signed arithmetic (as the GPU's), no
+/// fast-math.
 /// - Hidden visibility: the library exports its launcher alone. g++ would otherwise merge
 ///   function-local statics (`__shared__` arrays, the emulator's own block) across every
 ///   library loaded in the process (STB_GNU_UNIQUE), so two emulators of different kernel texts
@@ -193,16 +195,16 @@ extern "C" __attribute__((visibility("default"))) int redline_emu_launch(const c
 /// - On x86-64, indirect-branch protection only: a fiber's first switch returns into a function
 ///   that was never called, which a shadow stack refuses, so the library must not claim
 ///   shadow-stack support (Ubuntu's g++ marks objects with both by default).
-fn flags() -> Vec<&'static str> {
+pub fn compile_flags() -> Vec<&'static str> {
     let mut flags = vec!["-std=c++17", "-O1", "-fwrapv", "-fvisibility=hidden"];
     if cfg!(target_arch = "x86_64") {
         flags.push("-fcf-protection=branch");
     }
-    flags.extend(["-fPIC", "-shared"]);
     flags
 }
 
-fn compiler() -> String {
+/// The host C++ compiler: `CXX`, else g++.
+pub fn compiler() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "g++".into())
 }
 
@@ -216,7 +218,8 @@ fn build() -> Result<PathBuf> {
     let files = sources()?;
     let registry = registry(&families);
     let cxx = compiler();
-    let flags = flags();
+    let mut flags = compile_flags();
+    flags.extend(["-fPIC", "-shared"]);
     let mut parts: Vec<&str> = vec![&registry, &cxx];
     parts.extend(&flags);
     for (name, text) in &files {

@@ -62,15 +62,10 @@ const EXPECTED: &[(&str, &str)] = &[
 fn outcomes(defines: &[&str], name: &str) -> BTreeMap<String, String> {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    // The emulator's own flags (`src/emulator.rs`), for an executable.
-    let mut flags = vec!["-std=c++17", "-O1", "-fwrapv", "-fvisibility=hidden"];
-    if cfg!(target_arch = "x86_64") {
-        flags.push("-fcf-protection=branch");
-    }
+    let cxx = redline_cuda::emulator::compiler();
     let output = Command::new(&cxx)
         .args(defines)
-        .args(flags)
+        .args(redline_cuda::emulator::compile_flags())
         .arg("-include")
         .arg(here.join("kernels/emulate.h"))
         .arg(here.join("tests/emulator_machinery.cpp"))
