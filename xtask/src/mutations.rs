@@ -146,6 +146,12 @@ const MUTATIONS: &[Mutation] = &[
         mutated:
             "for (i64 k = threadIdx.x; k < (chunks > 1 ? chunks - 1 : chunks); k += blockDim.x)",
     },
+    Mutation {
+        name: "channels-last batch-norm backward sums not centred on the mean",
+        file: "norm.cu",
+        original: "dot[k] += (xk - mid[k]) * other;",
+        mutated: "dot[k] += xk * other;",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

@@ -432,6 +432,7 @@ impl Backend for CpuBackend {
         x: View<'_>,
         y: Option<View<'_>>,
         gate: Option<View<'_>>,
+        centre: Option<View<'_>>,
     ) -> Result<Storage> {
         let dx = self.buffer(x.storage)?.read();
         let dy = y
@@ -440,9 +441,13 @@ impl Backend for CpuBackend {
         let dg = gate
             .map(|g| self.buffer(g.storage).map(|b| b.read()))
             .transpose()?;
+        let dk = centre
+            .map(|k| self.buffer(k.storage).map(|b| b.read()))
+            .transpose()?;
         let second = dy.as_deref().zip(y.map(|y| y.layout));
         let gate = dg.as_deref().zip(gate.map(|g| g.layout.offset()));
-        Ok(self.store(ops::batch_norm::stats(&dx, x.layout, second, gate)))
+        let centre = dk.as_deref().zip(centre.map(|k| k.layout.offset()));
+        Ok(self.store(ops::batch_norm::stats(&dx, x.layout, second, gate, centre)))
     }
 
     fn batch_norm_apply(

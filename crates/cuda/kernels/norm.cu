@@ -53,21 +53,25 @@ __device__ __forceinline__ i64 channel_element(i64 b, i64 c, i64 s, i64 C, i64 i
     return (b * C + c) * inner + s;
 }
 
-/// out[c] = Σ other, out[C + c] = Σ x·other over every (b, s) of channel c, where other is x,
-/// or y (HAS_Y), masked by the gate [a; b] (GATE).
+/// out[c] = Σ other, out[C + c] = Σ (x − k)·other over every (b, s) of channel c, where
+/// other is x − k, or y (HAS_Y), masked by the gate [a; b] (GATE, on x itself); k is
+/// centre[c], or 0 when centre is null — the backward passes the forward's mean, so the sums
+/// hold Σ(x − mean)·g without the cancellation of Σx·g − mean·Σg.
 template <class T, bool HAS_Y, bool GATE>
 __global__ void __launch_bounds__(NORM_THREADS)
     batch_norm_stats(const T *__restrict__ x, Strided xs, const T *__restrict__ y, Strided ys,
-                     const typename Stat<T>::type *__restrict__ gate, typename Stat<T>::type *__restrict__ out, i64 N,
-                     i64 C, i64 inner) {
+                     const typename Stat<T>::type *__restrict__ gate,
+                     const typename Stat<T>::type *__restrict__ centre, typename Stat<T>::type *__restrict__ out,
+                     i64 N, i64 C, i64 inner) {
     typedef typename Stat<T>::type S;
     const i64 count = N * inner;
     for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
+        const S k = centre != nullptr ? centre[c] : (S)0;
         S sum = 0, dot = 0;
         for (i64 j = threadIdx.x; j < count; j += blockDim.x) {
             const i64 l = channel_element(j / inner, c, j % inner, C, inner);
             const S xv = Num<T>::load(x[position(xs, l)]);
-            S other = xv;
+            S other = xv - k;
             if constexpr (HAS_Y) {
                 other = Num<T>::load(y[position(ys, l)]);
                 if constexpr (GATE) {
@@ -75,7 +79,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
                 }
             }
             sum += other;
-            dot += xv * other;
+            dot += (xv - k) * other;
         }
         sum = block_all(sum, SumOp());
         dot = block_all(dot, SumOp());
@@ -119,22 +123,23 @@ struct alignas(sizeof(T) * V) Channels {
 // RowsPlan) picks V = 16 bytes only when C is a whole number of packs and every pointer is
 // 16-byte aligned.
 
-/// batch_norm_stats over the rows (HAS_Y, GATE as there): block (x, y) writes the sums of its
-/// columns over its rows into partials[y] ([2, C] each), after halving its rows in shared
-/// memory in a fixed order; batch_norm_stats_combine adds the partials in order. The same
-/// bits every run.
+/// batch_norm_stats over the rows (HAS_Y, GATE, centre as there): block (x, y) writes the sums
+/// of its columns over its rows into partials[y] ([2, C] each), after halving its rows in
+/// shared memory in a fixed order; batch_norm_stats_combine adds the partials in order. The
+/// same bits every run.
 template <class T, int V, bool HAS_Y, bool GATE>
 __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__restrict__ y,
                                            const typename Stat<T>::type *__restrict__ gate,
+                                           const typename Stat<T>::type *__restrict__ centre,
                                            typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
     typedef typename Stat<T>::type S;
     typedef Channels<T, V> Run;
     __shared__ S part[2][V][NORM_THREADS];
     const i64 columns = C / V, q = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     const unsigned t = threadIdx.y * blockDim.x + threadIdx.x;
-    S sum[V], dot[V], ga[V], gb[V];
+    S sum[V], dot[V], ga[V], gb[V], mid[V];
 #pragma unroll
-    for (int k = 0; k < V; k++) sum[k] = dot[k] = ga[k] = gb[k] = 0;
+    for (int k = 0; k < V; k++) sum[k] = dot[k] = ga[k] = gb[k] = mid[k] = 0;
     if (q < columns) {
         if constexpr (GATE) {
 #pragma unroll
@@ -142,6 +147,10 @@ __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__r
                 ga[k] = gate[q * V + k];
                 gb[k] = gate[C + q * V + k];
             }
+        }
+        if (centre != nullptr) {
+#pragma unroll
+            for (int k = 0; k < V; k++) mid[k] = centre[q * V + k];
         }
         const Run *xr = reinterpret_cast<const Run *>(x);
         const Run *yr = reinterpret_cast<const Run *>(y);
@@ -154,7 +163,7 @@ __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__r
 #pragma unroll
             for (int k = 0; k < V; k++) {
                 const S xk = Num<T>::load(xv.v[k]);
-                S other = xk;
+                S other = xk - mid[k];
                 if constexpr (HAS_Y) {
                     other = Num<T>::load(yv.v[k]);
                     if constexpr (GATE) {
@@ -162,7 +171,7 @@ __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__r
                     }
                 }
                 sum[k] += other;
-                dot[k] += xk * other;
+                dot[k] += (xk - mid[k]) * other;
             }
         }
     }
@@ -199,8 +208,9 @@ template <class T, bool HAS_Y, bool GATE>
 __global__ void __launch_bounds__(NORM_THREADS)
     batch_norm_stats_rows(const T *__restrict__ x, const T *__restrict__ y,
                           const typename Stat<T>::type *__restrict__ gate,
+                          const typename Stat<T>::type *__restrict__ centre,
                           typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
-    stats_rows<T, 1, HAS_Y, GATE>(x, y, gate, partials, rows, C);
+    stats_rows<T, 1, HAS_Y, GATE>(x, y, gate, centre, partials, rows, C);
 }
 
 /// The rows sums a 16-byte pack of channels at a time (128-bit loads). Four blocks a
@@ -210,8 +220,9 @@ template <class T, bool HAS_Y, bool GATE>
 __global__ void __launch_bounds__(NORM_THREADS, 4)
     batch_norm_stats_rows_packed(const T *__restrict__ x, const T *__restrict__ y,
                                  const typename Stat<T>::type *__restrict__ gate,
+                                 const typename Stat<T>::type *__restrict__ centre,
                                  typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
-    stats_rows<T, 16 / sizeof(T), HAS_Y, GATE>(x, y, gate, partials, rows, C);
+    stats_rows<T, 16 / sizeof(T), HAS_Y, GATE>(x, y, gate, centre, partials, rows, C);
 }
 
 /// batch_norm_apply over the rows, a 16-byte pack of channels at a time: each thread reads its
@@ -330,14 +341,13 @@ __device__ __forceinline__ void forward_coef(i64 c, i64 C, S sum_x, S sum_xx, co
     saved[C + c] = rstd;
 }
 
-/// Channel c's backward coefficients from its sums Σg and Σx·g over n elements and the
-/// forward's [mean; rstd]: coef = [k0; k1; rw] for dx = rw·g + k0·x + k1, dw and db.
+/// Channel c's backward coefficients from its sums Σg and Σ(x − mean)·g over n elements and
+/// the forward's [mean; rstd]: coef = [k0; k1; rw] for dx = rw·g + k0·x + k1, dw and db.
 template <class S>
-__device__ __forceinline__ void backward_coef(i64 c, i64 C, S sum_g, S sum_xg, const S *__restrict__ saved,
+__device__ __forceinline__ void backward_coef(i64 c, i64 C, S sum_g, S centred, const S *__restrict__ saved,
                                               const S *__restrict__ weight, S *__restrict__ coef,
                                               S *__restrict__ dw, S *__restrict__ db, S n) {
     const S mean = saved[c], rstd = saved[C + c];
-    const S centred = sum_xg - mean * sum_g;
     const S rw = weight != nullptr ? rstd * weight[c] : rstd;
     const S k0 = -(rw * rstd * rstd * centred) / n;
     coef[c] = k0;
@@ -377,7 +387,7 @@ __global__ void batch_norm_combine_coef(const S *__restrict__ partials, i64 chun
     }
 }
 
-/// Batch norm's backward coefficients, a thread per channel, from the sums [Σg; Σx·g].
+/// Batch norm's backward coefficients, a thread per channel, from the sums [Σg; Σ(x − mean)·g].
 template <class S>
 __global__ void batch_norm_grad_coef(const S *__restrict__ sums, const S *__restrict__ saved,
                                      const S *__restrict__ weight, S *__restrict__ coef,
@@ -393,7 +403,7 @@ __global__ void batch_norm_combine_grad_coef(const S *__restrict__ partials, i64
                                  const S *__restrict__ weight, S *__restrict__ coef, S *__restrict__ dw,
                                  S *__restrict__ db, double count, i64 C) {
     for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
-        const S sum_g = combined(partials, chunks, C, c), sum_xg = combined(partials, chunks, C, C + c);
-        if (threadIdx.x == 0) backward_coef(c, C, sum_g, sum_xg, saved, weight, coef, dw, db, (S)count);
+        const S sum_g = combined(partials, chunks, C, c), centred = combined(partials, chunks, C, C + c);
+        if (threadIdx.x == 0) backward_coef(c, C, sum_g, centred, saved, weight, coef, dw, db, (S)count);
     }
 }

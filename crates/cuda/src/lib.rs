@@ -845,14 +845,14 @@ impl Backend for CudaBackend {
         x: View<'_>,
         y: Option<View<'_>>,
         gate: Option<View<'_>>,
+        centre: Option<View<'_>>,
     ) -> Result<Storage> {
         let _range = nvtx::range("batch_norm_stats");
         let c = x.layout.shape()[1];
         let out = self.alloc(stats_dtype(x.dtype()), 2 * c)?;
         let yo = y.map(|v| self.operand(v)).transpose()?;
-        let gate = gate
-            .map(|g| self.buffer(g.storage).map(|b| b.ptr))
-            .transpose()?;
+        let gate = gate.map(|g| self.start(g)).transpose()?;
+        let centre = centre.map(|k| self.start(k)).transpose()?;
         let ptr = self.buffer(&out)?.ptr;
         let xo = self.operand(x)?;
         // A channels-last x's plan and scratch for its partial sums (freed in stream order).
@@ -867,7 +867,7 @@ impl Backend for CudaBackend {
             (Some(plan), Some(scratch)) => Some((plan, self.buffer(scratch)?.ptr)),
             _ => None,
         };
-        ops::norm::stats(&*self.gpu, &xo, yo.as_ref(), gate, ptr, rows)?;
+        ops::norm::stats(&*self.gpu, &xo, yo.as_ref(), gate, centre, ptr, rows)?;
         Ok(out)
     }
 
@@ -898,14 +898,14 @@ impl Backend for CudaBackend {
         let xo = self.operand(x)?;
         let Some(plan) = ops::norm::RowsPlan::new(&xo, &[]) else {
             // Summed a block per channel straight into [2, C]: nothing to fuse.
-            return with_batch_norm_sums(self, x, None, None, |sums| {
+            return with_batch_norm_sums(self, x, None, None, None, |sums| {
                 self.batch_norm_coef(sums, weight, bias, running, p)
             });
         };
         // The channels-last partials, added up by the coefficients' launch: no sums written.
         let partials = self.alloc(sd, plan.partials())?;
         let at = self.buffer(&partials)?.ptr;
-        ops::norm::partial_stats(&*self.gpu, &plan, &xo, None, None, at)?;
+        ops::norm::partial_stats(&*self.gpu, &plan, &xo, None, None, None, at)?;
         let sums = ops::norm::Sums::Partials(at, plan.chunks);
         self.coef_from(sd, c, sums, weight, bias, running, p)
     }
@@ -935,18 +935,23 @@ impl Backend for CudaBackend {
         let _range = nvtx::range("batch_norm_grad_stats_coef");
         let (sd, c) = (stats_dtype(x.dtype()), x.layout.shape()[1]);
         let (xo, go) = (self.operand(x)?, self.operand(g)?);
+        // The sums are centred on the forward's mean: saved's first row.
+        let mean_layout = Layout::new(vec![c], vec![1], saved.layout.offset());
+        let mean = View {
+            storage: saved.storage,
+            layout: &mean_layout,
+        };
         let Some(plan) = ops::norm::RowsPlan::new(&xo, &[&go]) else {
             // Summed a block per channel straight into [2, C]: nothing to fuse.
-            return with_batch_norm_sums(self, x, Some(g), gate, |sums| {
+            return with_batch_norm_sums(self, x, Some(g), gate, Some(mean), |sums| {
                 self.batch_norm_grad_coef(sums, saved, weight, count)
             });
         };
-        let gate = gate
-            .map(|g| self.buffer(g.storage).map(|b| b.ptr))
-            .transpose()?;
+        let gate = gate.map(|g| self.start(g)).transpose()?;
+        let centre = Some(self.start(mean)?);
         let partials = self.alloc(sd, plan.partials())?;
         let at = self.buffer(&partials)?.ptr;
-        ops::norm::partial_stats(&*self.gpu, &plan, &xo, Some(&go), gate, at)?;
+        ops::norm::partial_stats(&*self.gpu, &plan, &xo, Some(&go), gate, centre, at)?;
         let sums = ops::norm::Sums::Partials(at, plan.chunks);
         self.grad_coef_from(sd, c, sums, saved, weight, count)
     }
@@ -963,9 +968,7 @@ impl Backend for CudaBackend {
         let _range = nvtx::range("batch_norm_apply");
         let z = self.alloc_for(x.dtype(), out)?;
         let yo = y.map(|v| self.operand(v)).transpose()?;
-        let gate = gate
-            .map(|g| self.buffer(g.storage).map(|b| b.ptr))
-            .transpose()?;
+        let gate = gate.map(|g| self.start(g)).transpose()?;
         let coef = self.start(coef)?;
         let (xo, zo) = (self.operand(x)?, self.output(&z, out)?);
         ops::norm::apply(&*self.gpu, &xo, yo.as_ref(), coef, relu, gate, &zo)?;

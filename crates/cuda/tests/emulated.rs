@@ -227,11 +227,21 @@ fn batch_norm_walks_channels_last_and_dense_tensors_in_memory_order() {
             let x = |d: &Device| tensor(d, ramp(n, 0.05), &shape);
             let y = |d: &Device| tensor(d, ramp(n + 3, 0.03)[3..].to_vec(), &shape);
             same_as_reference(&format!("sums {what}"), tol, |d| {
-                x(d).batch_norm_stats(None, None).unwrap()
+                x(d).batch_norm_stats(None, None, None).unwrap()
             });
             same_as_reference(&format!("gated sums {what}"), tol, |d| {
                 let gate = coef(d, 2);
-                x(d).batch_norm_stats(Some(&y(d)), Some(&gate)).unwrap()
+                x(d).batch_norm_stats(Some(&y(d)), Some(&gate), None)
+                    .unwrap()
+            });
+            same_as_reference(&format!("centred sums {what}"), tol, |d| {
+                let centre = coef(d, 1).reshape(&[c]).unwrap();
+                let gate = coef(d, 2);
+                let alone = x(d).batch_norm_stats(None, None, Some(&centre)).unwrap();
+                let gated = x(d)
+                    .batch_norm_stats(Some(&y(d)), Some(&gate), Some(&centre))
+                    .unwrap();
+                Tensor::concat(&[&alone, &gated], 0).unwrap()
             });
             same_as_reference(&format!("affine + relu {what}"), tol, |d| {
                 x(d).batch_norm_apply(None, &coef(d, 3), true, None)
@@ -250,7 +260,7 @@ fn batch_norm_walks_channels_last_and_dense_tensors_in_memory_order() {
         let y = Tensor::from_slice(&ramp(2 * 8 * 4 * 4, 0.07), &[2, 8, 4, 4], d).unwrap();
         let coef = Tensor::from_slice(&ramp(24, 0.02), &[3, 8], d).unwrap();
         let xl = x.to_channels_last().unwrap();
-        let sums = xl.batch_norm_stats(Some(&y), None).unwrap();
+        let sums = xl.batch_norm_stats(Some(&y), None, None).unwrap();
         let out = xl.batch_norm_apply(Some(&y), &coef, true, None).unwrap();
         Tensor::concat(&[&sums.flatten().unwrap(), &out.flatten().unwrap()], 0).unwrap()
     });
@@ -328,7 +338,7 @@ fn batch_norm_statistics_and_coefficients_in_one_call_take_a_launch_fewer_with_t
                 let (coef, saved) = match fused {
                     true => x.batch_norm_stats_coef(Some(&w), Some(&b), running, &p),
                     false => {
-                        let sums = x.batch_norm_stats(None, None).unwrap();
+                        let sums = x.batch_norm_stats(None, None, None).unwrap();
                         Tensor::batch_norm_coef(&sums, dtype, Some(&w), Some(&b), running, &p)
                     }
                 }
@@ -340,7 +350,7 @@ fn batch_norm_statistics_and_coefficients_in_one_call_take_a_launch_fewer_with_t
             let (apart, apart_launches) = counted(&|| forward(false));
             assert_eq!(fused, apart, "forward {what}");
             let saved = {
-                let sums = x.batch_norm_stats(None, None).unwrap();
+                let sums = x.batch_norm_stats(None, None, None).unwrap();
                 Tensor::batch_norm_coef(&sums, dtype, Some(&w), Some(&b), None, &p)
                     .unwrap()
                     .1
@@ -351,7 +361,10 @@ fn batch_norm_statistics_and_coefficients_in_one_call_take_a_launch_fewer_with_t
                         x.batch_norm_grad_stats_coef(&g, Some(&gate), &saved, Some(&w), p.count)
                     }
                     false => {
-                        let sums = x.batch_norm_stats(Some(&g), Some(&gate)).unwrap();
+                        let mean = saved.narrow(0, 0, 1).and_then(|m| m.reshape(&[c]));
+                        let mean = mean.unwrap();
+                        let sums = x.batch_norm_stats(Some(&g), Some(&gate), Some(&mean));
+                        let sums = sums.unwrap();
                         Tensor::batch_norm_grad_coef(&sums, dtype, &saved, Some(&w), p.count)
                     }
                 }

@@ -95,17 +95,18 @@ impl View<'_> {
     }
 }
 
-/// [`Backend::batch_norm_stats`] of `x` (with `y` and `gate`) on `backend`, handed to `then`
-/// as the contiguous `[2, C]` view it is: the first half of the statistics-with-coefficients
-/// calls' composition.
+/// [`Backend::batch_norm_stats`] of `x` (with `y`, `gate` and `centre`) on `backend`, handed
+/// to `then` as the contiguous `[2, C]` view it is: the first half of the
+/// statistics-with-coefficients calls' composition.
 pub fn with_batch_norm_sums<B: Backend + ?Sized, R>(
     backend: &B,
     x: View<'_>,
     y: Option<View<'_>>,
     gate: Option<View<'_>>,
+    centre: Option<View<'_>>,
     then: impl FnOnce(View<'_>) -> Result<R>,
 ) -> Result<R> {
-    let sums = backend.batch_norm_stats(x, y, gate)?;
+    let sums = backend.batch_norm_stats(x, y, gate, centre)?;
     let layout = Layout::contiguous(&[2, x.layout.shape()[1]]);
     then(View {
         storage: &sums,
@@ -740,9 +741,10 @@ impl BatchNormCoefParams {
         (coef, [mean, rstd].concat())
     }
 
-    /// The backward coefficients on the host, in f64: from `sums` `[Σg; Σx·g]` (`2·C`), the
-    /// forward's `saved` `[mean; rstd]` and the optional weight, returns `coef` `[k0; k1; rw]`
-    /// (dx = rw·g + k0·x + k1) and `[dw; db]` (`2·C`): with Σ(x−mean)g = Σxg − mean·Σg, rw = rstd·w,
+    /// The backward coefficients on the host, in f64: from `sums` `[Σg; Σ(x−mean)·g]` (`2·C`,
+    /// the centred sums of [`Backend::batch_norm_stats`] with the forward's mean as its
+    /// `centre`), the forward's `saved` `[mean; rstd]` and the optional weight, returns `coef`
+    /// `[k0; k1; rw]` (dx = rw·g + k0·x + k1) and `[dw; db]` (`2·C`): rw = rstd·w,
     /// k0 = −rw·rstd²·Σ(x−mean)g/n, k1 = −rw·Σg/n − mean·k0, dw = rstd·Σ(x−mean)g, db = Σg.
     pub fn host_grad(
         count: f64,
@@ -755,8 +757,7 @@ impl BatchNormCoefParams {
         let mut dwdb = vec![0.0; 2 * c];
         for k in 0..c {
             let (mean, rstd) = (saved[k], saved[c + k]);
-            let (sum_g, sum_xg) = (sums[k], sums[c + k]);
-            let centred = sum_xg - mean * sum_g;
+            let (sum_g, centred) = (sums[k], sums[c + k]);
             let rw = rstd * weight.map_or(1.0, |w| w[k]);
             let k0 = -(rw * rstd * rstd * centred) / count;
             coef[k] = k0;
@@ -1118,11 +1119,19 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// computes its value from x — the mask of the ReLU after a batch norm, for its backward,
     /// without reading the forward's output or writing a masked gradient (NaN masks to 0, as
     /// [`BinaryOp::ReluGrad`]).
+    ///
+    /// `centre` (a contiguous `[C]` `k` of [`stats_dtype`]`(x)`): every sum reads `x − k[c]`
+    /// where it reads x (the gate still reads x itself) — `[Σy, Σ(x−k)·y]` with `y`. The
+    /// backward passes the forward's mean, so the sums hold Σ(x − mean)·g itself: subtracting
+    /// mean·Σg from a raw Σx·g afterwards cancels digits the stats dtype no longer has (a
+    /// conformance soak found f32 `dw` 1e-4 relative off that way, where PyTorch's kernels
+    /// also centre first).
     fn batch_norm_stats(
         &self,
         x: View<'_>,
         y: Option<View<'_>>,
         gate: Option<View<'_>>,
+        centre: Option<View<'_>>,
     ) -> Result<Storage>;
 
     /// `coef[0, c]·x + coef[1, c] (+ coef[2, c]·y)` per channel `c` (axis 1), then
@@ -1162,7 +1171,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
         })
     }
 
-    /// Batch norm's backward coefficients: from `sums` (`[2, C]` `[Σg; Σx·g]`), the forward's
+    /// Batch norm's backward coefficients: from `sums` (`[2, C]` `[Σg; Σ(x−mean)·g]`: the
+    /// sums of [`batch_norm_stats`](Self::batch_norm_stats) centred on the mean), the forward's
     /// `saved` `[mean; rstd]` and the optional weight, a `[3, C]` `coef` for the input
     /// gradient's [`batch_norm_apply`](Self::batch_norm_apply), `dw` and `db` (`[C]` each,
     /// apart: they are gradients of their own) — contiguous, of the sums' dtype; the math is
@@ -1194,14 +1204,15 @@ pub trait Backend: Send + Sync + fmt::Debug {
         running: Option<(&Storage, &Storage)>,
         p: &BatchNormCoefParams,
     ) -> Result<(Storage, Storage)> {
-        with_batch_norm_sums(self, x, None, None, |sums| {
+        with_batch_norm_sums(self, x, None, None, None, |sums| {
             self.batch_norm_coef(sums, weight, bias, running, p)
         })
     }
 
     /// The backward's counterpart of [`batch_norm_stats_coef`](Self::batch_norm_stats_coef):
     /// [`batch_norm_stats`](Self::batch_norm_stats) of `x` with the gradient `g` (and `gate`),
-    /// then [`batch_norm_grad_coef`](Self::batch_norm_grad_coef) of those sums.
+    /// centred on `saved`'s mean, then [`batch_norm_grad_coef`](Self::batch_norm_grad_coef) of
+    /// those sums.
     fn batch_norm_grad_stats_coef(
         &self,
         x: View<'_>,
@@ -1211,7 +1222,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
         weight: Option<View<'_>>,
         count: f64,
     ) -> Result<(Storage, Storage, Storage)> {
-        with_batch_norm_sums(self, x, Some(g), gate, |sums| {
+        let c = x.layout.shape()[1];
+        let mean = Layout::new(vec![c], vec![1], saved.layout.offset());
+        let centre = View {
+            storage: saved.storage,
+            layout: &mean,
+        };
+        with_batch_norm_sums(self, x, Some(g), gate, Some(centre), |sums| {
             self.batch_norm_grad_coef(sums, saved, weight, count)
         })
     }

@@ -447,10 +447,17 @@ impl Backend for Reference {
         x: View<'_>,
         y: Option<View<'_>>,
         gate: Option<View<'_>>,
+        centre: Option<View<'_>>,
     ) -> Result<Storage> {
         let xs = self.gather(x)?;
         let ys = self.gated(&xs, x, y, gate)?;
-        let sums = ops::norm::batch_norm_reference::stats(&xs, ys.as_deref(), x.layout.shape());
+        let k = centre.map(|k| self.gather(k)).transpose()?;
+        let sums = ops::norm::batch_norm_reference::stats(
+            &xs,
+            ys.as_deref(),
+            k.as_deref(),
+            x.layout.shape(),
+        );
         Ok(self.store(crate::backend::stats_dtype(x.dtype()), sums))
     }
 

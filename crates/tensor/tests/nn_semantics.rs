@@ -353,9 +353,19 @@ fn a_batch_norm_gate_masks_the_gradient_where_the_relu_was_closed() {
     let x = t(&[1.0, -1.0, 2.0, 3.0], &[1, 2, 1, 2], &dev);
     let g = t(&[10.0, 20.0, 30.0, 40.0], &[1, 2, 1, 2], &dev);
     let gate = t(&[1.0, -1.0, 0.0, 2.5], &[2, 2], &dev);
-    let sums = x.batch_norm_stats(Some(&g), Some(&gate)).unwrap();
+    let sums = x.batch_norm_stats(Some(&g), Some(&gate), None).unwrap();
     // [Σg, Σx·g] over the open elements: channel 0 → (10, 10), channel 1 → (30, 60).
     assert_eq!(sums.to_vec::<f64>().unwrap(), [10.0, 30.0, 10.0, 60.0]);
+    // Centred on (0.5, 2): Σ(x − k)·g over the same elements — the gate still reads x itself:
+    // channel 0 → (1 − 0.5)·10, channel 1 → (2 − 2)·30.
+    let centre = t(&[0.5, 2.0], &[2], &dev);
+    let sums = x
+        .batch_norm_stats(Some(&g), Some(&gate), Some(&centre))
+        .unwrap();
+    assert_eq!(sums.to_vec::<f64>().unwrap(), [10.0, 30.0, 5.0, 0.0]);
+    // Without y, the sums of x − k and its squares: channel 0 (0.5, −1.5), channel 1 (0, 1).
+    let sums = x.batch_norm_stats(None, None, Some(&centre)).unwrap();
+    assert_eq!(sums.to_vec::<f64>().unwrap(), [-1.0, 1.0, 2.5, 1.0]);
     // dx-style apply: 0·x + 0 + 1·(gated g).
     let coef = t(&[0.0, 0.0, 0.0, 0.0, 1.0, 1.0], &[3, 2], &dev);
     let applied = x
@@ -364,7 +374,13 @@ fn a_batch_norm_gate_masks_the_gradient_where_the_relu_was_closed() {
     assert_eq!(applied.to_vec::<f64>().unwrap(), [10.0, 0.0, 30.0, 0.0]);
     // A gate needs a second operand to mask, and the [2, C] shape of the stats dtype.
     let err = |r: Result<Tensor, TensorError>| r.unwrap_err().to_string();
-    assert!(err(x.batch_norm_stats(None, Some(&gate))).contains("a gate masks the second operand"));
+    assert!(err(x.batch_norm_stats(None, Some(&gate), None))
+        .contains("a gate masks the second operand"));
+    let said = err(x.batch_norm_stats(Some(&g), None, Some(&gate)));
+    assert!(
+        said.contains("batch_norm_stats: a per-channel operand f64 [2, 2] (need f64 [2])"),
+        "{said}"
+    );
     let wrong = t(&[1.0, 0.0, 1.0], &[3, 1], &dev);
     assert!(
         err(x.batch_norm_apply(Some(&g), &coef, false, Some(&wrong))).contains("need f64 [2, 2]")
@@ -394,7 +410,7 @@ fn batch_norm_statistics_with_coefficients_are_the_two_calls_and_check_as_they_d
         .batch_norm_stats_coef(Some(&w), Some(&b), Some((&m1, &v1)), &p)
         .unwrap();
     let (m2, v2) = running();
-    let sums = x.batch_norm_stats(None, None).unwrap();
+    let sums = x.batch_norm_stats(None, None, None).unwrap();
     let (coef2, saved2) =
         Tensor::batch_norm_coef(&sums, x.dtype(), Some(&w), Some(&b), Some((&m2, &v2)), &p)
             .unwrap();
@@ -405,7 +421,9 @@ fn batch_norm_statistics_with_coefficients_are_the_two_calls_and_check_as_they_d
     let grad = x
         .batch_norm_grad_stats_coef(&g, None, &saved, Some(&w), 3.0)
         .unwrap();
-    let sums = x.batch_norm_stats(Some(&g), None).unwrap();
+    // The backward's sums are centred on the forward's mean.
+    let mean = saved.narrow(0, 0, 1).unwrap().reshape(&[2]).unwrap();
+    let sums = x.batch_norm_stats(Some(&g), None, Some(&mean)).unwrap();
     let grad2 = Tensor::batch_norm_grad_coef(&sums, x.dtype(), &saved, Some(&w), 3.0).unwrap();
     assert_eq!(
         values(&[&grad.0, &grad.1, &grad.2]),

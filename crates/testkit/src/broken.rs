@@ -333,8 +333,9 @@ impl Backend for Broken {
         x: View<'_>,
         y: Option<View<'_>>,
         gate: Option<View<'_>>,
+        centre: Option<View<'_>>,
     ) -> Result<Storage> {
-        self.inner.batch_norm_stats(x, y, gate)
+        self.inner.batch_norm_stats(x, y, gate, centre)
     }
     fn batch_norm_apply(
         &self,

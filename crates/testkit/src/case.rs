@@ -87,6 +87,7 @@ pub struct Case {
     /// The batch-norm coefficient ops' optional operands (with or without the statistics):
     /// bit 0 weight, 1 bias, 2 running statistics, 3 a residual (forward); bit 0 weight
     /// (backward). The inputs are always all there; the op is given those the bits name.
+    /// For the batch-norm sums, bit 0: the last input is a `[C]` centre.
     pub operands: u8,
 }
 
@@ -248,7 +249,9 @@ impl Case {
             }
             NnOp::BatchNormStats => {
                 let gate = self.gate.then(|| &x[2]);
-                x[0].batch_norm_stats(x.get(1), gate)
+                let centre = (self.operands & 1 != 0).then(|| x.last()).flatten();
+                let y = x[1..].first().filter(|y| y.shape() == x[0].shape());
+                x[0].batch_norm_stats(y, gate, centre)
             }
             NnOp::BatchNormApply => {
                 let (y, coef, gate) = match x {

@@ -192,10 +192,12 @@ pub fn compare(device: &Device, reference: &Device, case: &Case) -> Result<(), S
     Ok(())
 }
 
-/// Runs the whole suite on `device`: every op × dtype, against a fresh reference device.
-/// Never panics; see [`Report::assert_passed`].
+/// Runs the whole suite on `device`: every op × dtype, against a fresh reference device, or
+/// for a soak only the ops named in `REDLINE_CONFORMANCE_OPS` (comma-separated, as the report
+/// names them). Never panics on a mismatch; see [`Report::assert_passed`].
 pub fn run_conformance(device: &Device, config: &SuiteConfig) -> Report {
-    run_conformance_on(device, config, &Op::all())
+    let ops = soak_ops(std::env::var("REDLINE_CONFORMANCE_OPS").ok());
+    run_conformance_on(device, config, &ops)
 }
 
 /// [`run_conformance`] over `ops` only (e.g. the ops a second code path of a backend serves).
@@ -291,6 +293,28 @@ fn soak_value(name: &str, value: Option<String>) -> Option<u64> {
         Ok(n) => Some(n),
         Err(_) => panic!("{name} must be a whole number, got {value:?}"),
     }
+}
+
+/// The ops a soak runs: every op when unset; otherwise each comma-separated name must be an
+/// op's, or it panics naming it (a typo must not pass as a soak of nothing).
+fn soak_ops(value: Option<String>) -> Vec<Op> {
+    let Some(value) = value else { return Op::all() };
+    let names: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() {
+        panic!("REDLINE_CONFORMANCE_OPS names no op: {value:?}");
+    }
+    let all = Op::all();
+    names
+        .iter()
+        .map(|name| match all.iter().find(|op| op.to_string() == *name) {
+            Some(&op) => op,
+            None => panic!("REDLINE_CONFORMANCE_OPS: no op is named {name:?}"),
+        })
+        .collect()
 }
 
 /// Cases per pair for a soak: at least one (0 would pass every pair untested), at most
@@ -641,7 +665,8 @@ pub use crate::non_finite::non_finite_values_as_the_reference;
 
 #[cfg(test)]
 mod tests {
-    use super::{soak_cases, soak_value};
+    use super::{soak_cases, soak_ops, soak_value};
+    use redline_tensor::{NnOp, Op};
 
     #[test]
     fn soak_settings_are_whole_numbers_or_unset() {
@@ -659,6 +684,31 @@ mod tests {
             message.contains("REDLINE_CONFORMANCE_CASES must be a whole number, got \"3OO\""),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_soak_runs_the_ops_it_names_or_refuses_the_names() {
+        assert_eq!(soak_ops(None), Op::all());
+        assert_eq!(
+            soak_ops(Some(
+                " batch_norm_stats, batch_norm_grad_stats_coef ".into()
+            )),
+            [
+                Op::Nn(NnOp::BatchNormStats),
+                Op::Nn(NnOp::BatchNormGradStatsCoef)
+            ]
+        );
+        for (bad, says) in [
+            ("batch_norm_stat", "no op is named \"batch_norm_stat\""),
+            (" , ", "names no op"),
+        ] {
+            let message = std::panic::catch_unwind(|| soak_ops(Some(bad.into())))
+                .expect_err("refused")
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_default();
+            assert!(message.contains(says), "{bad:?}: {message}");
+        }
     }
 
     #[test]

@@ -432,8 +432,9 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
             .prop_map(move |x| make(vec![x], vec![]))
             .boxed(),
         // x [N, C, ..], optionally a second operand of x's shape, for apply the [3, C]
-        // coefficients (f32, or f64 for f64) and whether its ReLU is fused, and with the second
-        // operand optionally a [2, C] gate on it (the backward of a ReLU after batch norm).
+        // coefficients (f32, or f64 for f64) and whether its ReLU is fused, with the second
+        // operand optionally a [2, C] gate on it (the backward of a ReLU after batch norm), and
+        // for the sums optionally a [C] centre (the backward's mean).
         NnOp::BatchNormStats | NnOp::BatchNormApply => (
             norm_operands(dtype),
             proptest::bool::ANY,
@@ -444,29 +445,38 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                 let c = x.shape[1];
                 let coef = input(vec![3, c], stats_dtype(dtype), Domain::Any, 2);
                 let gate = input(vec![2, c], stats_dtype(dtype), Domain::Any, 3);
+                let centre = input(vec![c], stats_dtype(dtype), Domain::Any, 4);
                 (
                     (Just(x), Just(y)),
-                    (coef, gate),
+                    (coef, gate, centre),
                     Just((with_y, relu, gated && with_y)),
                 )
             })
-            .prop_map(move |((x, y), (coef, gate), (with_y, relu, gated))| {
-                let mut inputs = vec![x];
-                if with_y {
-                    inputs.push(y);
-                }
-                if op == NnOp::BatchNormApply {
-                    inputs.push(coef);
-                }
-                if gated {
-                    inputs.push(gate);
-                }
-                Case {
-                    relu: relu && op == NnOp::BatchNormApply,
-                    gate: gated,
-                    ..make(inputs, vec![])
-                }
-            })
+            .prop_map(
+                move |((x, y), (coef, gate, centre), (with_y, relu, gated))| {
+                    let mut inputs = vec![x];
+                    if with_y {
+                        inputs.push(y);
+                    }
+                    if op == NnOp::BatchNormApply {
+                        inputs.push(coef);
+                    }
+                    if gated {
+                        inputs.push(gate);
+                    }
+                    // The sums are centred in half the cases (the ReLU bit decides: apply's own).
+                    let centred = relu && op == NnOp::BatchNormStats;
+                    if centred {
+                        inputs.push(centre);
+                    }
+                    Case {
+                        relu: relu && op == NnOp::BatchNormApply,
+                        gate: gated,
+                        operands: u8::from(centred),
+                        ..make(inputs, vec![])
+                    }
+                },
+            )
             .boxed(),
         // Sums [2, C] (any sign: a negative variance is clamped to 0), then [C] weight, bias,
         // running mean and (positive) running variance, each used or not.

@@ -825,10 +825,14 @@ impl Backend for OpProfile {
         x: View<'_>,
         y: Option<View<'_>>,
         gate: Option<View<'_>>,
+        centre: Option<View<'_>>,
     ) -> Result<Storage> {
         let label = || format!("batch_norm_stats{}", operands(y.is_some(), gate.is_some()));
         let bytes = size(&x) + y.as_ref().map_or(0, size) + gate.as_ref().map_or(0, size);
-        self.timed(Reduction, label, bytes, |b| b.batch_norm_stats(x, y, gate))
+        let bytes = bytes + centre.as_ref().map_or(0, size);
+        self.timed(Reduction, label, bytes, |b| {
+            b.batch_norm_stats(x, y, gate, centre)
+        })
     }
     fn batch_norm_apply(
         &self,

@@ -549,6 +549,7 @@ impl Backend for WgpuBackend {
         x: View<'_>,
         y: Option<View<'_>>,
         gate: Option<View<'_>>,
+        centre: Option<View<'_>>,
     ) -> Result<Storage> {
         let shape = x.layout.shape().to_vec();
         let (c, dense) = (shape[1], Layout::contiguous(&shape));
@@ -560,12 +561,26 @@ impl Backend for WgpuBackend {
             }),
             None => y,
         };
-        let xf = self.convert(x, DType::F32, &dense)?;
-        let yf = y.map(|y| self.convert(y, DType::F32, &dense)).transpose()?;
         let view = |s| View {
             storage: s,
             layout: &dense,
         };
+        let xf = self.convert(x, DType::F32, &dense)?;
+        let xf = match centre {
+            // x − k[c]: the centre broadcast along every axis but the channels'.
+            Some(k) => {
+                let mut strides = vec![0; shape.len()];
+                strides[1] = 1;
+                let along = Layout::new(shape.clone(), strides, k.layout.offset());
+                let k = View {
+                    storage: k.storage,
+                    layout: &along,
+                };
+                self.binary(BinaryOp::Sub, view(&xf), k, &dense)?
+            }
+            None => xf,
+        };
+        let yf = y.map(|y| self.convert(y, DType::F32, &dense)).transpose()?;
         let other = view(yf.as_ref().unwrap_or(&xf));
         let product = self.binary(BinaryOp::Mul, view(&xf), other, &dense)?;
         let axes: Vec<usize> = (0..shape.len()).filter(|&a| a != 1).collect();

@@ -6,7 +6,7 @@
 
 use redline_tensor::{stats_dtype, Layout};
 
-use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Elem, Real};
+use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Real};
 use crate::parallel::{self, Disjoint};
 use crate::strided::Plan;
 
@@ -39,13 +39,22 @@ fn gated<C: Real>(a: C, b: C, v: C, o: C) -> C {
     }
 }
 
+/// An element's two summands' factors in f64: `x − k` and y (or `x − k` again without y).
+#[inline(always)]
+fn centred<C: Real>(v: C, o: C, k: C, has_y: bool) -> (f64, f64) {
+    let v = v.to_f64() - k.to_f64();
+    (v, if has_y { o.to_f64() } else { v })
+}
+
 /// `[Σx, Σx²]` or `[Σy, Σx·y]` per channel, in f64, as the stats dtype; with `gate` (its data
-/// and offset: `[a; b]`) y counts only where `a·x + b > 0`.
+/// and offset: `[a; b]`) y counts only where `a·x + b > 0`; with `centre` (its data and offset:
+/// `[k]`) the sums read `x − k[c]` where they read x (the gate still reads x).
 pub(crate) fn stats(
     x: &Data,
     xl: &Layout,
     y: Option<(&Data, &Layout)>,
     gate: Option<(&Data, usize)>,
+    centre: Option<(&Data, usize)>,
 ) -> Data {
     let shape = xl.shape();
     let c = shape[1];
@@ -57,6 +66,12 @@ pub(crate) fn stats(
         let other: &[C] = ys.as_deref().unwrap_or(&xs);
         let gate_data = gate.map(|(d, offset)| (as_compute::<C>(d), offset));
         let gate = gate_data.as_ref().map(|(d, offset)| gate_rows(&d[*offset..], c));
+        // Zero without a centre: one subtraction an element instead of a second set of loops.
+        let centre: Vec<C> = match centre {
+            Some((d, offset)) => as_compute::<C>(d)[offset..offset + c].to_vec(),
+            None => vec![C::ZERO; c],
+        };
+        let has_y = ys.is_some();
         let plan = Plan::new([xl, yl, &chan]);
         let n = plan.numel();
         let inner = plan.inner();
@@ -87,19 +102,21 @@ pub(crate) fn stats(
                         // Channels-last: a run is consecutive channels (vectorised).
                         [1, 1, 1] => {
                             let k = pos[2]..pos[2] + len;
-                            let f32s = (C::as_f32(&xr[..len]), C::as_f32(&or[..len]));
-                            if let (Some(xv), Some(ov)) = f32s {
+                            let f32s = (C::as_f32(&xr[..len]), C::as_f32(&or[..len]), C::as_f32(&centre[k.clone()]));
+                            if let (Some(xv), Some(ov), Some(kv)) = f32s {
                                 let sums = f32_first[k.clone()].iter_mut().zip(&mut f32_second[k.clone()]);
                                 let gate_f32 = gate.map(|(a, b)| (C::as_f32(&a[k.clone()]), C::as_f32(&b[k.clone()])));
                                 if let Some((Some(ga), Some(gb))) = gate_f32 {
                                     let gates = ga.iter().zip(gb);
-                                    for (((f, s), (&v, &o)), (&a, &b)) in sums.zip(xv.iter().zip(ov)).zip(gates) {
+                                    for (((f, s), ((&v, &o), &m)), (&a, &b)) in sums.zip(xv.iter().zip(ov).zip(kv)).zip(gates) {
                                         let o = gated(a, b, v, o);
                                         *f += o;
-                                        *s += v * o;
+                                        *s += (v - m) * o;
                                     }
                                 } else {
-                                    for ((f, s), (&v, &o)) in sums.zip(xv.iter().zip(ov)) {
+                                    for ((f, s), ((&v, &o), &m)) in sums.zip(xv.iter().zip(ov).zip(kv)) {
+                                        let v = v - m;
+                                        let o = if has_y { o } else { v };
                                         *f += o;
                                         *s += v * o;
                                     }
@@ -114,7 +131,7 @@ pub(crate) fn stats(
                             let sums = first[k.clone()].iter_mut().zip(&mut second[k.clone()]);
                             for (j, ((f, s), (&v, &o))) in sums.zip(xr.iter().zip(or).take(len)).enumerate() {
                                 let o = gate.map_or(o, |(a, b)| gated(a[k.start + j], b[k.start + j], v, o));
-                                let (v, o) = (v.to_f64(), o.to_f64());
+                                let (v, o) = centred(v, o, centre[k.start + j], has_y);
                                 *f += o;
                                 *s += v * o;
                             }
@@ -129,14 +146,14 @@ pub(crate) fn stats(
                             for (xv, ov) in xc.zip(oc) {
                                 for l in 0..8 {
                                     let o = gate_at(xv[l], ov[l]);
-                                    let (v, o) = (xv[l].to_f64(), o.to_f64());
+                                    let (v, o) = centred(xv[l], o, centre[ch], has_y);
                                     f[l] += o;
                                     s[l] += v * o;
                                 }
                             }
                             for (&v, &o) in xt.iter().zip(ot) {
                                 let o = gate_at(v, o);
-                                let (v, o) = (v.to_f64(), o.to_f64());
+                                let (v, o) = centred(v, o, centre[ch], has_y);
                                 f[0] += o;
                                 s[0] += v * o;
                             }
@@ -149,7 +166,7 @@ pub(crate) fn stats(
                                 let v = xs[pos[0] + j * inner[0]];
                                 let o = other[pos[1] + j * inner[1]];
                                 let o = gate.map_or(o, |(a, b)| gated(a[k], b[k], v, o));
-                                let (v, o) = (v.to_f64(), o.to_f64());
+                                let (v, o) = centred(v, o, centre[k], has_y);
                                 first[k] += o;
                                 second[k] += v * o;
                             }

@@ -134,6 +134,7 @@ pub fn stats(
     x: &Operand,
     y: Option<&Operand>,
     gate: Option<DevicePtr>,
+    centre: Option<DevicePtr>,
     out: DevicePtr,
     rows: Option<(RowsPlan, DevicePtr)>,
 ) -> Result<()> {
@@ -142,13 +143,14 @@ pub fn stats(
         return Ok(());
     }
     if let Some((plan, partials)) = rows {
-        return stats_rows(gpu, &plan, x, y, gate, out, partials);
+        return stats_rows(gpu, &plan, x, y, gate, centre, out, partials);
     }
     let device = gpu.name();
     let xs = Strided::new(x.layout, &device, "batch_norm_stats")?;
     let args = KernelArgs::new().ptr(x.ptr).strided(&xs);
     let args = optional(args, y, &xs, &device)?
         .ptr(gate.unwrap_or(DevicePtr(0)))
+        .ptr(centre.unwrap_or(DevicePtr(0)))
         .ptr(out)
         .i64(n as i64)
         .i64(c as i64)
@@ -160,16 +162,18 @@ pub fn stats(
 }
 
 /// The channels-last sums: partial sums per (channel block, row chunk), then combined in order.
+#[allow(clippy::too_many_arguments)]
 fn stats_rows(
     gpu: &dyn Gpu,
     plan: &RowsPlan,
     x: &Operand,
     y: Option<&Operand>,
     gate: Option<DevicePtr>,
+    centre: Option<DevicePtr>,
     out: DevicePtr,
     partials: DevicePtr,
 ) -> Result<()> {
-    partial_stats(gpu, plan, x, y, gate, partials)?;
+    partial_stats(gpu, plan, x, y, gate, centre, partials)?;
     let stats = redline_tensor::stats_dtype(x.dtype);
     let args = KernelArgs::new()
         .ptr(partials)
@@ -190,6 +194,7 @@ pub fn partial_stats(
     x: &Operand,
     y: Option<&Operand>,
     gate: Option<DevicePtr>,
+    centre: Option<DevicePtr>,
     partials: DevicePtr,
 ) -> Result<()> {
     let null = DevicePtr(0);
@@ -197,6 +202,7 @@ pub fn partial_stats(
         .ptr(x.ptr)
         .ptr(y.map_or(null, |y| y.ptr))
         .ptr(gate.unwrap_or(null))
+        .ptr(centre.unwrap_or(null))
         .ptr(partials)
         .i64(plan.rows as i64)
         .i64(plan.channels as i64);

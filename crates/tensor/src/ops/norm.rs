@@ -76,19 +76,29 @@ impl Tensor {
 
     /// Per-channel sums over every axis but 1: `[2, C]` holding `[Σx, Σx²]`, or with `y`
     /// `[Σy, Σx·y]`, as f32 (f64 for f64). One pass; no gradient. Batch norm's building block.
-    /// With `gate` (`[2, C]` `[a; b]`, only with `y`), y counts only where `a·x + b > 0`
-    /// ([`crate::Backend::batch_norm_stats`]).
-    pub fn batch_norm_stats(&self, y: Option<&Tensor>, gate: Option<&Tensor>) -> Result<Tensor> {
-        self.check_channels("batch_norm_stats", y)?;
-        let gate = self.check_gate("batch_norm_stats", y, gate)?;
+    /// With `gate` (`[2, C]` `[a; b]`, only with `y`), y counts only where `a·x + b > 0`; with
+    /// `centre` (`[C]` of the same dtype as the sums), the sums are of `x − centre[c]`: the
+    /// backward's Σ(x − mean)·g ([`crate::Backend::batch_norm_stats`]).
+    pub fn batch_norm_stats(
+        &self,
+        y: Option<&Tensor>,
+        gate: Option<&Tensor>,
+        centre: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        const OP: &str = "batch_norm_stats";
+        self.check_channels(OP, y)?;
+        let gate = self.check_gate(OP, y, gate)?;
+        let c = self.shape()[1];
+        Self::check_per_channel(OP, self, self.dtype(), c, &[centre])?;
         self.device()
             .check(Op::Nn(NnOp::BatchNormStats), self.dtype())?;
+        let centre = centre.map(Tensor::contiguous).transpose()?;
         let storage = self.backend().batch_norm_stats(
             self.view(),
             y.map(|y| y.view()),
             gate.as_ref().map(|g| g.view()),
+            centre.as_ref().map(Tensor::view),
         )?;
-        let c = self.shape()[1];
         Ok(Tensor::from_storage(
             storage,
             Layout::contiguous(&[2, c]),
@@ -306,8 +316,9 @@ impl Tensor {
 
     /// Batch norm's backward coefficients for activations of `dtype`
     /// ([`crate::Backend::batch_norm_grad_coef`]): `(coef [3, C], dw [C], db [C])` from `sums`
-    /// `[Σg; Σx·g]`, the forward's `saved` and the optional `weight`, over `count` elements a
-    /// channel. No gradient.
+    /// `[Σg; Σ(x−mean)·g]` ([`Tensor::batch_norm_stats`] centred on `saved`'s mean), the
+    /// forward's `saved` and the optional `weight`, over `count` elements a channel. No
+    /// gradient.
     pub fn batch_norm_grad_coef(
         sums: &Tensor,
         dtype: DType,
@@ -500,7 +511,7 @@ impl Tensor {
                 let stats = running.as_ref().map(|r| (r.mean, r.var));
                 return x.batch_norm_stats_coef(w.as_ref(), b.as_ref(), stats, &p);
             }
-            let sums = x.batch_norm_stats(None, None)?;
+            let sums = x.batch_norm_stats(None, None, None)?;
             let mean = row(&sums, 0)?.mul_scalar(1.0 / n)?;
             let var = row(&sums, 1)?
                 .mul_scalar(1.0 / n)?
@@ -562,13 +573,12 @@ impl Tensor {
             let (coef, dw, db) = if coef_op {
                 x.batch_norm_grad_stats_coef(g, gate, &saved, w.as_ref(), n)?
             } else {
-                let sums = x.batch_norm_stats(Some(g), gate)?;
                 let (mean, rstd) = (row(&saved, 0)?, row(&saved, 1)?);
-                let (sum_g, sum_xg) = (row(&sums, 0)?, row(&sums, 1)?);
-                // Σ (x - mean)·g, and the input gradient's per-channel coefficients:
+                let sums = x.batch_norm_stats(Some(g), gate, Some(&mean))?;
+                let (sum_g, centred) = (row(&sums, 0)?, row(&sums, 1)?);
+                // The input gradient's per-channel coefficients from Σg and Σ(x - mean)·g:
                 // dx = rstd·w·g + k0·x + k1 with k0 = -rstd³·w·Σ(x-mean)g / n,
                 // k1 = -rstd·w·Σg / n - mean·k0.
-                let centred = sum_xg.sub(&mean.mul(&sum_g)?)?;
                 let rw = match &w {
                     Some(w) => rstd.mul(&w.reshape(&[c])?)?,
                     None => rstd.clone(),
@@ -628,13 +638,20 @@ impl Tensor {
 
 /// The reference batch-norm kernels.
 pub(crate) mod batch_norm_reference {
-    /// `[Σx, Σx²]` (or `[Σy, Σx·y]`) per channel of row-major `x` of `shape` (`[N, C, ..]`).
-    pub fn stats(x: &[f64], y: Option<&[f64]>, shape: &[usize]) -> Vec<f64> {
+    /// `[Σx, Σx²]` (or `[Σy, Σx·y]`) per channel of row-major `x` of `shape` (`[N, C, ..]`),
+    /// of `x − centre[c]` in place of x when given.
+    pub fn stats(
+        x: &[f64],
+        y: Option<&[f64]>,
+        centre: Option<&[f64]>,
+        shape: &[usize],
+    ) -> Vec<f64> {
         let c = shape[1];
         let inner: usize = shape[2..].iter().product();
         let mut out = vec![0.0; 2 * c];
         for (i, &v) in x.iter().enumerate() {
             let k = (i / inner.max(1)) % c.max(1);
+            let v = v - centre.map_or(0.0, |m| m[k]);
             let other = y.map_or(v, |y| y[i]);
             out[k] += other;
             out[c + k] += v * other;

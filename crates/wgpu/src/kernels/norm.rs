@@ -118,7 +118,7 @@ pub(crate) fn batch_norm_coef(
 }
 
 /// Backward coefficients: `coef` `[k0; k1; rw]` (3·C), `dw` and `db` (C each) from `sums`
-/// `[Σg; Σx·g]`, the forward's `saved` `[mean; rstd]` and the optional weight.
+/// `[Σg; Σ(x−mean)·g]`, the forward's `saved` `[mean; rstd]` and the optional weight.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_grad_coef(
     ctx: &Context,
@@ -147,7 +147,7 @@ pub(crate) fn batch_norm_grad_coef(
     let mean = load_saved(params[3] + i);
     let rstd = load_saved(params[3] + c + i);
     let sum_g = load_sums(params[2] + i);
-    let centred = load_sums(params[2] + c + i) - mean * sum_g;
+    let centred = load_sums(params[2] + c + i);
     let rw = rstd * load_w(params[4] + i);
     let k0 = -(rw * rstd * rstd * centred) / n;
     store_coef(i, k0);
