@@ -118,6 +118,11 @@ fn cross_entropy_without_ignore_index_keeps_every_sample() {
 }
 
 #[test]
+fn batch_norm_far_from_zero_keeps_its_digits() {
+    redline_testkit::precision::batch_norm_far_from_zero(&CpuBackend::device()).unwrap();
+}
+
+#[test]
 fn non_finite_values_as_the_reference() {
     redline_testkit::conformance::non_finite_values_as_the_reference(&CpuBackend::device())
         .unwrap();

@@ -338,7 +338,8 @@ fn batch_norm_statistics_and_coefficients_in_one_call_take_a_launch_fewer_with_t
                 let (coef, saved) = match fused {
                     true => x.batch_norm_stats_coef(Some(&w), Some(&b), running, &p),
                     false => {
-                        let sums = x.batch_norm_stats(None, None, None).unwrap();
+                        // About the running mean, as the coefficients read the sums.
+                        let sums = x.batch_norm_stats(None, None, Some(&mean)).unwrap();
                         Tensor::batch_norm_coef(&sums, dtype, Some(&w), Some(&b), running, &p)
                     }
                 }
@@ -1087,6 +1088,11 @@ fn downloads_ordered_after_an_event_see_the_work_before_it() {
 #[test]
 fn cross_entropy_without_ignore_index_keeps_every_sample() {
     redline_testkit::conformance::cross_entropy_without_ignore_index_keeps_every_sample(&device());
+}
+
+#[test]
+fn batch_norm_far_from_zero_keeps_its_digits() {
+    redline_testkit::precision::batch_norm_far_from_zero(&device()).unwrap();
 }
 
 #[test]

@@ -12,6 +12,7 @@
 //! * [`timing`] — the device-clock contract (timestamps in queue order around the work).
 //! * [`events`] — the event contract (downloads ordered after an event, not after everything).
 //! * [`graphs`] — the capture contract (a captured training step replays like eager steps).
+//! * [`precision`] — digits a backend must keep where statistics cancel (batch norm far from 0).
 
 pub mod broken;
 pub mod case;
@@ -20,6 +21,7 @@ pub mod events;
 pub mod gradcheck;
 pub mod graphs;
 mod non_finite;
+pub mod precision;
 pub mod strategies;
 pub mod timing;
 pub mod training;

@@ -311,6 +311,13 @@ fn cross_entropy_without_ignore_index_keeps_every_sample() {
 
 #[test]
 #[ignore = "hardware suite: cargo xtask test runs it"]
+fn batch_norm_far_from_zero_keeps_its_digits() {
+    let Some((device, _)) = device() else { return };
+    redline_testkit::precision::batch_norm_far_from_zero(&device).unwrap();
+}
+
+#[test]
+#[ignore = "hardware suite: cargo xtask test runs it"]
 fn non_finite_values_as_the_reference() {
     let Some((device, _)) = device() else { return };
     redline_testkit::conformance::non_finite_values_as_the_reference(&device).unwrap();
