@@ -120,6 +120,18 @@ pub fn tolerance(dtype: DType) -> (f64, f64) {
 }
 
 pub(crate) fn close(got: &[f64], want: &[f64], dtype: DType, what: &str) -> Result<(), String> {
+    close_at(got, want, dtype, what, None)
+}
+
+/// [`close`], each element relative to the larger of its reference value and its `scales`
+/// entry (the 2-norm of the terms a sum cancelled: [`crate::cancellation`]).
+pub(crate) fn close_at(
+    got: &[f64],
+    want: &[f64],
+    dtype: DType,
+    what: &str,
+    scales: Option<&[f64]>,
+) -> Result<(), String> {
     if got.len() != want.len() {
         return Err(format!(
             "{what}: {} elements, the reference has {}",
@@ -129,12 +141,19 @@ pub(crate) fn close(got: &[f64], want: &[f64], dtype: DType, what: &str) -> Resu
     }
     let (rtol, atol) = tolerance(dtype);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let scale = scales
+            .and_then(|s| s.get(i))
+            .map_or(w.abs(), |&s| s.max(w.abs()));
         // An infinite reference matches only itself: |g - inf| <= rtol * inf holds for any g.
-        let near = w.is_finite() && (g - w).abs() <= atol + rtol * w.abs();
+        let near = w.is_finite() && (g - w).abs() <= atol + rtol * scale;
         let ok = (g.is_nan() && w.is_nan()) || g == w || near;
         if !ok {
+            let at = match scale > w.abs() {
+                true => format!(" of its terms' 2-norm {scale}"),
+                false => String::new(),
+            };
             return Err(format!(
-                "{what}[{i}] = {g}, reference {w} (tolerance {rtol} rel, {atol} abs)"
+                "{what}[{i}] = {g}, reference {w} (tolerance {rtol} rel{at}, {atol} abs)"
             ));
         }
     }
@@ -185,7 +204,8 @@ pub fn compare(device: &Device, reference: &Device, case: &Case) -> Result<(), S
             "output shape {got_shape:?}, reference {want_shape:?}"
         ));
     }
-    close(&got, &want, case.dtype, "output")?;
+    let scales = crate::cancellation::term_scales(case, reference)?;
+    close_at(&got, &want, case.dtype, "output", scales.as_deref())?;
     for ((g, w), i) in got_grads.iter().zip(&want_grads).zip(&grad_inputs) {
         close(g, w, case.dtype, &format!("grad of input {i}"))?;
     }

@@ -15,6 +15,7 @@
 //! * [`precision`] — digits a backend must keep where statistics cancel (batch norm far from 0).
 
 pub mod broken;
+mod cancellation;
 pub mod case;
 pub mod conformance;
 pub mod events;
