@@ -25,13 +25,6 @@ __device__ __forceinline__ S affine(S a, S x, S b) {
     return fma(a, x, b);
 }
 
-/// The centre a channel's sums are taken about: k, or 0 where k is not finite (a running mean a
-/// step that overflowed left behind must not poison the next batch's statistics).
-template <class S>
-__device__ __forceinline__ S finite_or_zero(S k) {
-    return isfinite(k) ? k : (S)0;
-}
-
 /// Whether a·x + b, stored as T the way batch_norm_apply stores it, is above 0 (NaN is not).
 template <class T, class S>
 __device__ __forceinline__ bool gate_open(S a, S x, S b) {
@@ -62,9 +55,8 @@ __device__ __forceinline__ i64 channel_element(i64 b, i64 c, i64 s, i64 C, i64 i
 
 /// out[c] = Σ other, out[C + c] = Σ (x − k)·other over every (b, s) of channel c, where
 /// other is x − k, or y (HAS_Y), masked by the gate [a; b] (GATE, on x itself); k is
-/// centre[c] (finite_or_zero), or 0 when centre is null — the backward passes the forward's
-/// mean, so the sums hold Σ(x − mean)·g without the cancellation of Σx·g − mean·Σg; the
-/// forward the running mean (forward_coef).
+/// centre[c], or 0 when centre is null — the backward passes the forward's mean, so the sums
+/// hold Σ(x − mean)·g without the cancellation of Σx·g − mean·Σg.
 template <class T, bool HAS_Y, bool GATE>
 __global__ void __launch_bounds__(NORM_THREADS)
     batch_norm_stats(const T *__restrict__ x, Strided xs, const T *__restrict__ y, Strided ys,
@@ -74,7 +66,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     typedef typename Stat<T>::type S;
     const i64 count = N * inner;
     for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
-        const S k = centre != nullptr ? finite_or_zero(centre[c]) : (S)0;
+        const S k = centre != nullptr ? centre[c] : (S)0;
         S sum = 0, dot = 0;
         for (i64 j = threadIdx.x; j < count; j += blockDim.x) {
             const i64 l = channel_element(j / inner, c, j % inner, C, inner);
@@ -158,7 +150,7 @@ __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__r
         }
         if (centre != nullptr) {
 #pragma unroll
-            for (int k = 0; k < V; k++) mid[k] = finite_or_zero(centre[q * V + k]);
+            for (int k = 0; k < V; k++) mid[k] = centre[q * V + k];
         }
         const Run *xr = reinterpret_cast<const Run *>(x);
         const Run *yr = reinterpret_cast<const Run *>(y);
@@ -324,20 +316,16 @@ __global__ void batch_norm_apply_packed(const Pack16<T> *__restrict__ x, const P
     }
 }
 
-/// Channel c's forward coefficients from its sums Σx and Σx² over n elements — of x − k, k the
-/// running mean before this update (finite_or_zero), when there are running statistics:
-/// coef = [rstd·w; b − mean·rstd·w; residual] and saved = [mean; rstd], and the running
-/// statistics updated in place (unbiased variance). weight, bias and the running statistics
-/// may be null. Sums about a running mean that has found the batch's keep the variance's
-/// digits, which raw moments lose as (mean/σ)² ulps.
+/// Channel c's forward coefficients from its sums Σx and Σx² over n elements: coef = [rstd·w;
+/// b − mean·rstd·w; residual] and saved = [mean; rstd], and the running statistics updated in
+/// place (unbiased variance). weight, bias and the running statistics may be null.
 template <class S>
 __device__ __forceinline__ void forward_coef(i64 c, i64 C, S sum_x, S sum_xx, const S *__restrict__ weight,
                                              const S *__restrict__ bias, S *__restrict__ running_mean,
                                              S *__restrict__ running_var, S *__restrict__ coef, S *__restrict__ saved,
                                              S n, S m, double eps, i64 residual) {
-    const S shift = running_mean != nullptr ? finite_or_zero(running_mean[c]) : (S)0;
-    const S offset = sum_x / n, mean = shift + offset;
-    S var = sum_xx / n - offset * offset;
+    const S mean = sum_x / n;
+    S var = sum_xx / n - mean * mean;
     var = var > (S)0 ? var : (S)0;
     if (running_mean != nullptr) {
         const S unbiased = n / ((n > (S)2 ? n : (S)2) - (S)1);

@@ -896,23 +896,16 @@ impl Backend for CudaBackend {
         let _range = nvtx::range("batch_norm_stats_coef");
         let (sd, c) = (stats_dtype(x.dtype()), x.layout.shape()[1]);
         let xo = self.operand(x)?;
-        // The sums are taken about the running mean, as batch_norm_coef reads them.
-        let channel = Layout::contiguous(&[c]);
-        let centre = running.map(|(mean, _)| View {
-            storage: mean,
-            layout: &channel,
-        });
         let Some(plan) = ops::norm::RowsPlan::new(&xo, &[]) else {
             // Summed a block per channel straight into [2, C]: nothing to fuse.
-            return with_batch_norm_sums(self, x, None, None, centre, |sums| {
+            return with_batch_norm_sums(self, x, None, None, None, |sums| {
                 self.batch_norm_coef(sums, weight, bias, running, p)
             });
         };
-        let centre = centre.map(|k| self.start(k)).transpose()?;
         // The channels-last partials, added up by the coefficients' launch: no sums written.
         let partials = self.alloc(sd, plan.partials())?;
         let at = self.buffer(&partials)?.ptr;
-        ops::norm::partial_stats(&*self.gpu, &plan, &xo, None, None, centre, at)?;
+        ops::norm::partial_stats(&*self.gpu, &plan, &xo, None, None, None, at)?;
         let sums = ops::norm::Sums::Partials(at, plan.chunks);
         self.coef_from(sd, c, sums, weight, bias, running, p)
     }

@@ -690,17 +690,6 @@ pub fn check_accumulate_into(
     Ok(())
 }
 
-/// The centre batch norm's sums are taken about for a centre value `k`: `k` itself, or 0 where it
-/// is not finite — the running mean of a step that overflowed must not poison the next batch's
-/// statistics (PyTorch's training forward never reads it).
-pub fn batch_norm_shift(k: f64) -> f64 {
-    if k.is_finite() {
-        k
-    } else {
-        0.0
-    }
-}
-
 /// Batch norm's training-mode constants for [`Backend::batch_norm_coef`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchNormCoefParams {
@@ -720,13 +709,6 @@ impl BatchNormCoefParams {
     /// `saved` `[mean; rstd]`. The composition in `Tensor::batch_norm` computes the same:
     /// mean = Σx/n, var = max(Σx²/n − mean², 0), rstd = 1/√(var + eps), scale = rstd·w,
     /// shift = b − mean·scale; the running variance is updated with the unbiased variance.
-    ///
-    /// With running statistics, the sums are of x − k, k the running mean as it was before
-    /// this call ([`batch_norm_shift`] of it; [`Backend::batch_norm_stats`]'s `centre`): then
-    /// d = Σ(x−k)/n, mean = k + d and var = max(Σ(x−k)²/n − d², 0). Raw moments lose
-    /// (mean/σ)² ulps of the variance to cancellation — all of them in f32 once the mean is a
-    /// few thousand σ from 0 — where sums about a running mean that has found the batch's
-    /// keep them, as PyTorch's Welford sums do.
     pub fn host(
         &self,
         sums: &[f64],
@@ -736,14 +718,9 @@ impl BatchNormCoefParams {
     ) -> (Vec<f64>, Vec<f64>) {
         let c = sums.len() / 2;
         let n = self.count;
-        let shift: Vec<f64> = match &running {
-            Some((rm, _)) => rm.iter().map(|&k| batch_norm_shift(k)).collect(),
-            None => vec![0.0; c],
-        };
-        let offset: Vec<f64> = sums[..c].iter().map(|s| s / n).collect();
-        let mean: Vec<f64> = (0..c).map(|k| shift[k] + offset[k]).collect();
+        let mean: Vec<f64> = sums[..c].iter().map(|s| s / n).collect();
         let var: Vec<f64> = (0..c)
-            .map(|k| (sums[c + k] / n - offset[k] * offset[k]).max(0.0))
+            .map(|k| (sums[c + k] / n - mean[k] * mean[k]).max(0.0))
             .collect();
         if let Some((rm, rv)) = running {
             let unbiased = n / (n.max(2.0) - 1.0);
@@ -1144,12 +1121,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// [`BinaryOp::ReluGrad`]).
     ///
     /// `centre` (a contiguous `[C]` `k` of [`stats_dtype`]`(x)`): every sum reads `x − k[c]`
-    /// where it reads x (the gate still reads x itself) — `[Σy, Σ(x−k)·y]` with `y` — with a
-    /// non-finite `k[c]` taken as 0 ([`batch_norm_shift`]). The backward passes the forward's
-    /// mean, so the sums hold Σ(x − mean)·g itself: subtracting mean·Σg from a raw Σx·g
-    /// afterwards cancels digits the stats dtype no longer has (a conformance soak found f32
-    /// `dw` 1e-4 relative off that way, where PyTorch's kernels also centre first). The
-    /// training forward passes the running mean ([`BatchNormCoefParams::host`]).
+    /// where it reads x (the gate still reads x itself) — `[Σy, Σ(x−k)·y]` with `y`. The
+    /// backward passes the forward's mean, so the sums hold Σ(x − mean)·g itself: subtracting
+    /// mean·Σg from a raw Σx·g afterwards cancels digits the stats dtype no longer has (a
+    /// conformance soak found f32 `dw` 1e-4 relative off that way, where PyTorch's kernels
+    /// also centre first).
     fn batch_norm_stats(
         &self,
         x: View<'_>,
@@ -1178,8 +1154,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// running mean and variance (`[C]`, updated in place), a `[3, C]` `coef` for
     /// [`batch_norm_apply`](Self::batch_norm_apply) and a `[2, C]` `[mean; rstd]` for the
     /// backward — every operand contiguous and of the sums' dtype; the math is
-    /// [`BatchNormCoefParams::host`]. With running statistics, the sums are those centred on
-    /// the running mean as it is before this call. One launch where the composition takes ~30. Declared for
+    /// [`BatchNormCoefParams::host`]. One launch where the composition takes ~30. Declared for
     /// the activations' dtype; the default refuses.
     fn batch_norm_coef(
         &self,
@@ -1216,9 +1191,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
         })
     }
 
-    /// [`batch_norm_stats`](Self::batch_norm_stats) of `x` alone (centred on the running mean
-    /// when there are running statistics), then [`batch_norm_coef`](Self::batch_norm_coef) of
-    /// its sums: the fused training forward's
+    /// [`batch_norm_stats`](Self::batch_norm_stats) of `x` alone, then
+    /// [`batch_norm_coef`](Self::batch_norm_coef) of its sums: the fused training forward's
     /// statistics and coefficients in one call, so a backend may never write the sums — CUDA
     /// turns its channels-last partial sums into coefficients in one launch. The same bits as
     /// the two calls; they are the default.
@@ -1230,13 +1204,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         running: Option<(&Storage, &Storage)>,
         p: &BatchNormCoefParams,
     ) -> Result<(Storage, Storage)> {
-        let c = x.layout.shape()[1];
-        let channel = Layout::contiguous(&[c]);
-        let centre = running.map(|(mean, _)| View {
-            storage: mean,
-            layout: &channel,
-        });
-        with_batch_norm_sums(self, x, None, None, centre, |sums| {
+        with_batch_norm_sums(self, x, None, None, None, |sums| {
             self.batch_norm_coef(sums, weight, bias, running, p)
         })
     }

@@ -32,10 +32,10 @@ mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
 pub use backend::{
-    batch_norm_shift, stats_dtype, with_batch_norm_sums, AdamWParams, Annotation, Backend,
-    BatchNormCoefParams, BinaryOp, Conv2dParams, Download, DownloadOf, Event, Graph, HostBytes,
-    MemoryStats, NnOp, Op, OptimOp, OtherOp, Pool2dParams, ReduceOp, Replay, ScalerParams,
-    SgdParams, Storage, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
+    stats_dtype, with_batch_norm_sums, AdamWParams, Annotation, Backend, BatchNormCoefParams,
+    BinaryOp, Conv2dParams, Download, DownloadOf, Event, Graph, HostBytes, MemoryStats, NnOp, Op,
+    OptimOp, OtherOp, Pool2dParams, ReduceOp, Replay, ScalerParams, SgdParams, Storage, Timestamp,
+    UnaryOp, View, TIMESTAMP_SLOTS,
 };
 pub use device::Device;
 pub use dtype::{DType, Element};

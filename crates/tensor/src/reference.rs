@@ -451,11 +451,7 @@ impl Backend for Reference {
     ) -> Result<Storage> {
         let xs = self.gather(x)?;
         let ys = self.gated(&xs, x, y, gate)?;
-        let k = centre.map(|k| self.gather(k)).transpose()?.map(|k| {
-            k.into_iter()
-                .map(crate::backend::batch_norm_shift)
-                .collect::<Vec<_>>()
-        });
+        let k = centre.map(|k| self.gather(k)).transpose()?;
         let sums = ops::norm::batch_norm_reference::stats(
             &xs,
             ys.as_deref(),

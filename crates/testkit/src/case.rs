@@ -81,8 +81,8 @@ pub struct Case {
     pub pool: Option<Pool2dParams>,
     /// Batch-norm apply with its fused ReLU.
     pub relu: bool,
-    /// A batch-norm stats, apply or gradient-statistics case whose last input is a `[2, C]`
-    /// gate on the second operand.
+    /// A batch-norm stats, apply or gradient-statistics case with a `[2, C]` gate on the
+    /// second operand: its last input (for the sums, the third, a centre may follow).
     pub gate: bool,
     /// The batch-norm coefficient ops' optional operands (with or without the statistics):
     /// bit 0 weight, 1 bias, 2 running statistics, 3 a residual (forward); bit 0 weight

@@ -496,7 +496,8 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                 ..make(vec![sums, w, b, m, v], vec![])
             })
             .boxed(),
-        // Sums [2, C] [Σg; Σx·g], the forward's [mean; rstd] (rstd > 0), a weight or not.
+        // Sums [2, C] [Σg; Σ(x − mean)·g], the forward's [mean; rstd] (rstd > 0), a weight or
+        // not.
         NnOp::BatchNormGradCoef => (1usize..=5, 0u8..2)
             .prop_flat_map(move |(c, operands)| {
                 let sd = stats_dtype(dtype);

@@ -565,9 +565,9 @@ impl Backend for WgpuBackend {
             storage: s,
             layout: &dense,
         };
+        let xf = self.convert(x, DType::F32, &dense)?;
         let xf = match centre {
-            // x − k[c] in f32: the centre broadcast along every axis but the channels', 0 where
-            // it is not finite (batch_norm_shift; NaN fails the comparison too).
+            // x − k[c]: the centre broadcast along every axis but the channels'.
             Some(k) => {
                 let mut strides = vec![0; shape.len()];
                 strides[1] = 1;
@@ -576,10 +576,9 @@ impl Backend for WgpuBackend {
                     storage: k.storage,
                     layout: &along,
                 };
-                let centred = "a - select(0.0, b, abs(b) <= 3.4028235e38)";
-                self.elementwise(centred, &[x, k], &dense, DType::F32, 0.0)?
+                self.binary(BinaryOp::Sub, view(&xf), k, &dense)?
             }
-            None => self.convert(x, DType::F32, &dense)?,
+            None => xf,
         };
         let yf = y.map(|y| self.convert(y, DType::F32, &dense)).transpose()?;
         let other = view(yf.as_ref().unwrap_or(&xf));

@@ -204,8 +204,7 @@ impl Tensor {
 
     /// Batch norm's forward coefficients for activations of `dtype`
     /// ([`crate::Backend::batch_norm_coef`]): `(coef [3, C], saved [2, C] = [mean; rstd])` from
-    /// `sums` ([`Tensor::batch_norm_stats`], centred on the running mean when `running` is
-    /// given), updating `running` (`(mean, var)`) in place. Every
+    /// `sums` ([`Tensor::batch_norm_stats`]), updating `running` (`(mean, var)`) in place. Every
     /// operand is `[C]` (`sums` `[2, C]`) of [`stats_dtype`]`(dtype)`. No gradient.
     pub fn batch_norm_coef(
         sums: &Tensor,
@@ -234,8 +233,8 @@ impl Tensor {
         ))
     }
 
-    /// [`Tensor::batch_norm_stats`] of this tensor alone (about the running mean, when given),
-    /// then [`Tensor::batch_norm_coef`] of its sums, in one backend call ([`crate::Backend::batch_norm_stats_coef`]: on CUDA the
+    /// [`Tensor::batch_norm_stats`] of this tensor alone, then [`Tensor::batch_norm_coef`] of
+    /// its sums, in one backend call ([`crate::Backend::batch_norm_stats_coef`]: on CUDA the
     /// sums are never written). The same checks and bits as the two calls.
     pub fn batch_norm_stats_coef(
         &self,
@@ -512,27 +511,12 @@ impl Tensor {
                 let stats = running.as_ref().map(|r| (r.mean, r.var));
                 return x.batch_norm_stats_coef(w.as_ref(), b.as_ref(), stats, &p);
             }
-            // The sums about the running mean (0 where it is not finite), as the one-launch
-            // path takes them (`BatchNormCoefParams::host`): mean = k + d, var = Σ(x−k)²/n − d².
-            let shift = match &running {
-                Some(r) => {
-                    let k = r.mean.detach().cast(sd)?.reshape(&[c])?;
-                    let zero = k.scalar_like(0.0)?;
-                    let finite = k.sub(&k)?.eq(&zero)?;
-                    Some(Tensor::where_(&finite, &k, &zero)?)
-                }
-                None => None,
-            };
-            let sums = x.batch_norm_stats(None, None, shift.as_ref())?;
-            let offset = row(&sums, 0)?.mul_scalar(1.0 / n)?;
+            let sums = x.batch_norm_stats(None, None, None)?;
+            let mean = row(&sums, 0)?.mul_scalar(1.0 / n)?;
             let var = row(&sums, 1)?
                 .mul_scalar(1.0 / n)?
-                .sub(&offset.mul(&offset)?)?
-                .maximum(&offset.scalar_like(0.0)?)?;
-            let mean = match &shift {
-                Some(k) => k.add(&offset)?,
-                None => offset,
-            };
+                .sub(&mean.mul(&mean)?)?
+                .maximum(&mean.scalar_like(0.0)?)?;
             if let Some(r) = &running {
                 let unbiased = n / (n.max(2.0) - 1.0);
                 let update = |stat: &Tensor, batch: &Tensor, scale: f64| -> Result<()> {

@@ -38,8 +38,7 @@ fn offset(o: Option<Operand<'_>>) -> u32 {
 }
 
 /// Forward coefficients: `coef` `[scale; shift; r]` (3·C) and `saved` `[mean; rstd]` (2·C)
-/// from `sums` `[Σx; Σx²]` — about the running mean when `running` (mean, variance) is given,
-/// which is then updated in place.
+/// from `sums` `[Σx; Σx²]`, updating `running` (mean, variance) in place when given.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_coef(
     ctx: &Context,
@@ -66,20 +65,15 @@ pub(crate) fn batch_norm_coef(
         src.push_str(&shader::output("saved", 3, dtype));
         let next = optional(&mut src, "w", 4, dtype, weight.is_some(), 1.0);
         let next = optional(&mut src, "b", next, dtype, bias.is_some(), 0.0);
-        let (shift, update) = match stats {
+        let update = match stats {
             Some(d) => {
                 src.push_str(&shader::inout("rm", next, d));
                 src.push_str(&shader::inout("rv", next + 1, d));
-                // The running mean the sums were taken about, read before it is updated: 0
-                // where it is not finite (NaN fails the comparison), as batch_norm_shift.
-                (
-                    "select(0.0, load_rm(i), abs(load_rm(i)) <= 3.4028235e38)",
-                    "    let unbiased = n / (max(n, 2.0) - 1.0);
+                "    let unbiased = n / (max(n, 2.0) - 1.0);
     store_rm(i, (1.0 - m) * load_rm(i) + m * mean);
-    store_rv(i, (1.0 - m) * load_rv(i) + m * unbiased * variance);\n",
-                )
+    store_rv(i, (1.0 - m) * load_rv(i) + m * unbiased * variance);\n"
             }
-            None => ("0.0", ""),
+            None => "",
         };
         src.push_str(MAIN_1D);
         src.push_str(&format!(
@@ -87,10 +81,9 @@ pub(crate) fn batch_norm_coef(
     if (i >= c) {{ return; }}
     let n = param_f32(1u);
     let m = param_f32(3u);
-    let offset = load_sums(params[5] + i) / n;
-    let mean = {shift} + offset;
+    let mean = load_sums(params[5] + i) / n;
     // Clamped at 0, NaN included (as the reference; WGSL's max may keep the NaN).
-    let raw_variance = load_sums(params[5] + c + i) / n - offset * offset;
+    let raw_variance = load_sums(params[5] + c + i) / n - mean * mean;
     let variance = select(0.0, raw_variance, raw_variance > 0.0);
 {update}    let rstd = 1.0 / sqrt(variance + param_f32(2u));
     let scale = rstd * load_w(params[6] + i);
