@@ -152,6 +152,12 @@ const MUTATIONS: &[Mutation] = &[
         original: "dot[k] += (xk - mid[k]) * other;",
         mutated: "dot[k] += xk * other;",
     },
+    Mutation {
+        name: "batch-norm forward coefficients forgetting the centre of their sums",
+        file: "norm.cu",
+        original: "const S offset = sum_x / n, mean = k + offset;",
+        mutated: "const S offset = sum_x / n, mean = offset;",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

@@ -486,6 +486,7 @@ impl Backend for CpuBackend {
     fn batch_norm_coef(
         &self,
         sums: View<'_>,
+        centre: Option<View<'_>>,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
         running: Option<(&Storage, &Storage)>,
@@ -493,6 +494,7 @@ impl Backend for CpuBackend {
     ) -> Result<(Storage, Storage)> {
         let sd = sums.dtype();
         let s = self.f64s(sums)?;
+        let k = centre.map(|k| self.f64s(k)).transpose()?;
         let w = weight.map(|w| self.f64s(w)).transpose()?;
         let b = bias.map(|b| self.f64s(b)).transpose()?;
         let all = |st: &Storage| -> Result<Vec<f64>> {
@@ -502,12 +504,13 @@ impl Backend for CpuBackend {
         let (coef, saved) = match running {
             Some((mean, var)) => {
                 let (mut rm, mut rv) = (all(mean)?, all(var)?);
-                let out = p.host(&s, w.as_deref(), b.as_deref(), Some((&mut rm, &mut rv)));
+                let running = Some((&mut rm[..], &mut rv[..]));
+                let out = p.host(&s, k.as_deref(), w.as_deref(), b.as_deref(), running);
                 *self.buffer(mean)?.write() = Data::from_f64s(mean.dtype(), &rm);
                 *self.buffer(var)?.write() = Data::from_f64s(var.dtype(), &rv);
                 out
             }
-            None => p.host(&s, w.as_deref(), b.as_deref(), None),
+            None => p.host(&s, k.as_deref(), w.as_deref(), b.as_deref(), None),
         };
         Ok((
             self.store(Data::from_f64s(sd, &coef)),

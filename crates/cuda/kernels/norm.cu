@@ -25,6 +25,13 @@ __device__ __forceinline__ S affine(S a, S x, S b) {
     return fma(a, x, b);
 }
 
+/// The value a channel's sums are taken about for a centre k: k, or 0 where k is not finite (the
+/// raw sums, whose non-finite results are PyTorch's).
+template <class S>
+__device__ __forceinline__ S finite_or_zero(S k) {
+    return isfinite(k) ? k : (S)0;
+}
+
 /// Whether a·x + b, stored as T the way batch_norm_apply stores it, is above 0 (NaN is not).
 template <class T, class S>
 __device__ __forceinline__ bool gate_open(S a, S x, S b) {
@@ -55,8 +62,8 @@ __device__ __forceinline__ i64 channel_element(i64 b, i64 c, i64 s, i64 C, i64 i
 
 /// out[c] = Σ other, out[C + c] = Σ (x − k)·other over every (b, s) of channel c, where
 /// other is x − k, or y (HAS_Y), masked by the gate [a; b] (GATE, on x itself); k is
-/// centre[c], or 0 when centre is null — the backward passes the forward's mean, so the sums
-/// hold Σ(x − mean)·g without the cancellation of Σx·g − mean·Σg.
+/// centre[c] (finite_or_zero), or 0 when centre is null — the backward passes the forward's
+/// mean, so the sums hold Σ(x − mean)·g without the cancellation of Σx·g − mean·Σg.
 template <class T, bool HAS_Y, bool GATE>
 __global__ void __launch_bounds__(NORM_THREADS)
     batch_norm_stats(const T *__restrict__ x, Strided xs, const T *__restrict__ y, Strided ys,
@@ -66,7 +73,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     typedef typename Stat<T>::type S;
     const i64 count = N * inner;
     for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
-        const S k = centre != nullptr ? centre[c] : (S)0;
+        const S k = centre != nullptr ? finite_or_zero(centre[c]) : (S)0;
         S sum = 0, dot = 0;
         for (i64 j = threadIdx.x; j < count; j += blockDim.x) {
             const i64 l = channel_element(j / inner, c, j % inner, C, inner);
@@ -126,11 +133,14 @@ struct alignas(sizeof(T) * V) Channels {
 /// batch_norm_stats over the rows (HAS_Y, GATE, centre as there): block (x, y) writes the sums
 /// of its columns over its rows into partials[y] ([2, C] each), after halving its rows in
 /// shared memory in a fixed order; batch_norm_stats_combine adds the partials in order. The
-/// same bits every run.
+/// same bits every run. With first_out (and rows > 0), the sums are centred on x's first row
+/// — each channel's first element, a few σ from its mean whatever that is — instead, and
+/// blocks y = 0 write those centres there (finite_or_zero) for the coefficients' launch.
 template <class T, int V, bool HAS_Y, bool GATE>
 __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__restrict__ y,
                                            const typename Stat<T>::type *__restrict__ gate,
                                            const typename Stat<T>::type *__restrict__ centre,
+                                           typename Stat<T>::type *__restrict__ first_out,
                                            typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
     typedef typename Stat<T>::type S;
     typedef Channels<T, V> Run;
@@ -148,11 +158,19 @@ __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__r
                 gb[k] = gate[C + q * V + k];
             }
         }
-        if (centre != nullptr) {
-#pragma unroll
-            for (int k = 0; k < V; k++) mid[k] = centre[q * V + k];
-        }
         const Run *xr = reinterpret_cast<const Run *>(x);
+        if (first_out != nullptr && rows > 0) {
+            const Run first = xr[q];
+#pragma unroll
+            for (int k = 0; k < V; k++) mid[k] = finite_or_zero(Num<T>::load(first.v[k]));
+            if (blockIdx.y == 0 && threadIdx.y == 0) {
+#pragma unroll
+                for (int k = 0; k < V; k++) first_out[q * V + k] = mid[k];
+            }
+        } else if (centre != nullptr) {
+#pragma unroll
+            for (int k = 0; k < V; k++) mid[k] = finite_or_zero(centre[q * V + k]);
+        }
         const Run *yr = reinterpret_cast<const Run *>(y);
         // Two rows' loads in flight a thread, not more: registers hold V sums and V dots.
 #pragma unroll 2
@@ -209,8 +227,9 @@ __global__ void __launch_bounds__(NORM_THREADS)
     batch_norm_stats_rows(const T *__restrict__ x, const T *__restrict__ y,
                           const typename Stat<T>::type *__restrict__ gate,
                           const typename Stat<T>::type *__restrict__ centre,
+                          typename Stat<T>::type *__restrict__ first_out,
                           typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
-    stats_rows<T, 1, HAS_Y, GATE>(x, y, gate, centre, partials, rows, C);
+    stats_rows<T, 1, HAS_Y, GATE>(x, y, gate, centre, first_out, partials, rows, C);
 }
 
 /// The rows sums a 16-byte pack of channels at a time (128-bit loads). Four blocks a
@@ -221,8 +240,9 @@ __global__ void __launch_bounds__(NORM_THREADS, 4)
     batch_norm_stats_rows_packed(const T *__restrict__ x, const T *__restrict__ y,
                                  const typename Stat<T>::type *__restrict__ gate,
                                  const typename Stat<T>::type *__restrict__ centre,
+                                 typename Stat<T>::type *__restrict__ first_out,
                                  typename Stat<T>::type *__restrict__ partials, i64 rows, i64 C) {
-    stats_rows<T, 16 / sizeof(T), HAS_Y, GATE>(x, y, gate, centre, partials, rows, C);
+    stats_rows<T, 16 / sizeof(T), HAS_Y, GATE>(x, y, gate, centre, first_out, partials, rows, C);
 }
 
 /// batch_norm_apply over the rows, a 16-byte pack of channels at a time: each thread reads its
@@ -316,16 +336,21 @@ __global__ void batch_norm_apply_packed(const Pack16<T> *__restrict__ x, const P
     }
 }
 
-/// Channel c's forward coefficients from its sums Σx and Σx² over n elements: coef = [rstd·w;
-/// b − mean·rstd·w; residual] and saved = [mean; rstd], and the running statistics updated in
-/// place (unbiased variance). weight, bias and the running statistics may be null.
+/// Channel c's forward coefficients from its sums Σx and Σx² over n elements, taken about k
+/// (centre[c] through finite_or_zero; 0 when centre is null): coef = [rstd·w; b − mean·rstd·w;
+/// residual] and saved = [mean; rstd], and the running statistics updated in place (unbiased
+/// variance). centre, weight, bias and the running statistics may be null. Raw moments
+/// (k = 0) lose (mean/σ)² ulps of the variance; the training forward centres on each
+/// channel's first element.
 template <class S>
-__device__ __forceinline__ void forward_coef(i64 c, i64 C, S sum_x, S sum_xx, const S *__restrict__ weight,
-                                             const S *__restrict__ bias, S *__restrict__ running_mean,
-                                             S *__restrict__ running_var, S *__restrict__ coef, S *__restrict__ saved,
-                                             S n, S m, double eps, i64 residual) {
-    const S mean = sum_x / n;
-    S var = sum_xx / n - mean * mean;
+__device__ __forceinline__ void forward_coef(i64 c, i64 C, S sum_x, S sum_xx, const S *__restrict__ centre,
+                                             const S *__restrict__ weight, const S *__restrict__ bias,
+                                             S *__restrict__ running_mean, S *__restrict__ running_var,
+                                             S *__restrict__ coef, S *__restrict__ saved, S n, S m, double eps,
+                                             i64 residual) {
+    const S k = centre != nullptr ? finite_or_zero(centre[c]) : (S)0;
+    const S offset = sum_x / n, mean = k + offset;
+    S var = sum_xx / n - offset * offset;
     var = var > (S)0 ? var : (S)0;
     if (running_mean != nullptr) {
         const S unbiased = n / ((n > (S)2 ? n : (S)2) - (S)1);
@@ -360,13 +385,14 @@ __device__ __forceinline__ void backward_coef(i64 c, i64 C, S sum_g, S centred, 
 /// Batch norm's forward coefficients, a thread per channel (C is at most a few thousand), from
 /// the sums [Σx; Σx²] — one launch for what the composition takes ~30. S: the statistics dtype.
 template <class S>
-__global__ void batch_norm_coef(const S *__restrict__ sums, const S *__restrict__ weight,
-                                const S *__restrict__ bias, S *__restrict__ running_mean,
-                                S *__restrict__ running_var, S *__restrict__ coef, S *__restrict__ saved,
-                                double count, double eps, double momentum, i64 residual, i64 C) {
+__global__ void batch_norm_coef(const S *__restrict__ sums, const S *__restrict__ centre,
+                                const S *__restrict__ weight, const S *__restrict__ bias,
+                                S *__restrict__ running_mean, S *__restrict__ running_var, S *__restrict__ coef,
+                                S *__restrict__ saved, double count, double eps, double momentum, i64 residual,
+                                i64 C) {
     for (i64 c = first_index(); c < C; c += grid_step()) {
-        forward_coef(c, C, sums[c], sums[C + c], weight, bias, running_mean, running_var, coef, saved, (S)count,
-                     (S)momentum, eps, residual);
+        forward_coef(c, C, sums[c], sums[C + c], centre, weight, bias, running_mean, running_var, coef, saved,
+                     (S)count, (S)momentum, eps, residual);
     }
 }
 
@@ -374,15 +400,15 @@ __global__ void batch_norm_coef(const S *__restrict__ sums, const S *__restrict_
 /// partials: a block per channel adds its two rows (as the combine does: the same bits), then
 /// its first thread computes the channel's coefficients — one launch a pass fewer.
 template <class S>
-__global__ void batch_norm_combine_coef(const S *__restrict__ partials, i64 chunks, const S *__restrict__ weight,
-                            const S *__restrict__ bias, S *__restrict__ running_mean, S *__restrict__ running_var,
-                            S *__restrict__ coef, S *__restrict__ saved, double count, double eps, double momentum,
-                            i64 residual, i64 C) {
+__global__ void batch_norm_combine_coef(const S *__restrict__ partials, i64 chunks, const S *__restrict__ centre,
+                            const S *__restrict__ weight, const S *__restrict__ bias, S *__restrict__ running_mean,
+                            S *__restrict__ running_var, S *__restrict__ coef, S *__restrict__ saved, double count,
+                            double eps, double momentum, i64 residual, i64 C) {
     for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
         const S sum_x = combined(partials, chunks, C, c), sum_xx = combined(partials, chunks, C, C + c);
         if (threadIdx.x == 0) {
-            forward_coef(c, C, sum_x, sum_xx, weight, bias, running_mean, running_var, coef, saved, (S)count,
-                         (S)momentum, eps, residual);
+            forward_coef(c, C, sum_x, sum_xx, centre, weight, bias, running_mean, running_var, coef, saved,
+                         (S)count, (S)momentum, eps, residual);
         }
     }
 }

@@ -41,10 +41,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    stats_dtype, with_batch_norm_sums, AdamWParams, Annotation, Backend, BinaryOp, Conv2dParams,
-    DType, Download, DownloadOf, Event, Graph, HostBytes, Layout, Op, Pool2dParams, ReduceOp,
-    Replay, Result, ScalerParams, SgdParams, Storage, TensorError, Timestamp, UnaryOp, View,
-    TIMESTAMP_SLOTS,
+    batch_norm_stats_coef_composed, stats_dtype, with_batch_norm_sums, AdamWParams, Annotation,
+    Backend, BinaryOp, Conv2dParams, DType, Download, DownloadOf, Event, Graph, HostBytes, Layout,
+    Op, Pool2dParams, ReduceOp, Replay, Result, ScalerParams, SgdParams, Storage, TensorError,
+    Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
 };
 
 pub use emulator::Emulator;
@@ -212,6 +212,7 @@ impl CudaBackend {
         sd: DType,
         c: usize,
         sums: ops::norm::Sums,
+        centre: Option<DevicePtr>,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
         running: Option<(&Storage, &Storage)>,
@@ -224,7 +225,7 @@ impl CudaBackend {
             .transpose()?;
         let out = (self.buffer(&coef)?.ptr, self.buffer(&saved)?.ptr);
         let (w, b) = (start(weight)?, start(bias)?);
-        ops::norm::coef(&*self.gpu, sd, c, sums, w, b, running, out, p)?;
+        ops::norm::coef(&*self.gpu, sd, c, sums, centre, w, b, running, out, p)?;
         Ok((coef, saved))
     }
 
@@ -874,6 +875,7 @@ impl Backend for CudaBackend {
     fn batch_norm_coef(
         &self,
         sums: View<'_>,
+        centre: Option<View<'_>>,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
         running: Option<(&Storage, &Storage)>,
@@ -882,7 +884,8 @@ impl Backend for CudaBackend {
         let _range = nvtx::range("batch_norm_coef");
         let (sd, c) = (sums.dtype(), sums.layout.shape()[1]);
         let sums = ops::norm::Sums::Whole(self.start(sums)?);
-        self.coef_from(sd, c, sums, weight, bias, running, p)
+        let centre = centre.map(|k| self.start(k)).transpose()?;
+        self.coef_from(sd, c, sums, centre, weight, bias, running, p)
     }
 
     fn batch_norm_stats_coef(
@@ -896,18 +899,21 @@ impl Backend for CudaBackend {
         let _range = nvtx::range("batch_norm_stats_coef");
         let (sd, c) = (stats_dtype(x.dtype()), x.layout.shape()[1]);
         let xo = self.operand(x)?;
-        let Some(plan) = ops::norm::RowsPlan::new(&xo, &[]) else {
+        let plan = ops::norm::RowsPlan::new(&xo, &[]).filter(|_| x.layout.numel() > 0);
+        let Some(plan) = plan else {
             // Summed a block per channel straight into [2, C]: nothing to fuse.
-            return with_batch_norm_sums(self, x, None, None, None, |sums| {
-                self.batch_norm_coef(sums, weight, bias, running, p)
-            });
+            return batch_norm_stats_coef_composed(self, x, weight, bias, running, p);
         };
         // The channels-last partials, added up by the coefficients' launch: no sums written.
-        let partials = self.alloc(sd, plan.partials())?;
+        // The rows kernel centres them on x's first row and writes those C centres after the
+        // partials, for the coefficients.
+        let partials = self.alloc(sd, plan.partials() + c)?;
         let at = self.buffer(&partials)?.ptr;
-        ops::norm::partial_stats(&*self.gpu, &plan, &xo, None, None, None, at)?;
+        let first = at.offset(plan.partials() * sd.size());
+        let centre = ops::norm::Centre::FirstRow(first);
+        ops::norm::partial_stats(&*self.gpu, &plan, &xo, None, None, centre, at)?;
         let sums = ops::norm::Sums::Partials(at, plan.chunks);
-        self.coef_from(sd, c, sums, weight, bias, running, p)
+        self.coef_from(sd, c, sums, Some(first), weight, bias, running, p)
     }
 
     fn batch_norm_grad_coef(
@@ -948,7 +954,7 @@ impl Backend for CudaBackend {
             });
         };
         let gate = gate.map(|g| self.start(g)).transpose()?;
-        let centre = Some(self.start(mean)?);
+        let centre = ops::norm::Centre::Given(self.start(mean)?);
         let partials = self.alloc(sd, plan.partials())?;
         let at = self.buffer(&partials)?.ptr;
         ops::norm::partial_stats(&*self.gpu, &plan, &xo, Some(&go), gate, centre, at)?;

@@ -114,6 +114,38 @@ pub fn with_batch_norm_sums<B: Backend + ?Sized, R>(
     })
 }
 
+/// [`Backend::batch_norm_stats_coef`] as its three calls on `backend`: each channel's first
+/// element converted to the stats dtype (none for an empty batch, whose sums are raw and 0),
+/// the sums about it, the coefficients. The default, and a fused backend's fallback.
+pub fn batch_norm_stats_coef_composed<B: Backend + ?Sized>(
+    backend: &B,
+    x: View<'_>,
+    weight: Option<View<'_>>,
+    bias: Option<View<'_>>,
+    running: Option<(&Storage, &Storage)>,
+    p: &BatchNormCoefParams,
+) -> Result<(Storage, Storage)> {
+    let channel = Layout::contiguous(&[x.layout.shape()[1]]);
+    let centre = match x.layout.numel() {
+        0 => None,
+        _ => {
+            let first = first_of_each_channel(x.layout);
+            let first = View {
+                storage: x.storage,
+                layout: &first,
+            };
+            Some(backend.convert(first, stats_dtype(x.dtype()), &channel)?)
+        }
+    };
+    let centre = centre.as_ref().map(|storage| View {
+        storage,
+        layout: &channel,
+    });
+    with_batch_norm_sums(backend, x, None, None, centre, |sums| {
+        backend.batch_norm_coef(sums, centre, weight, bias, running, p)
+    })
+}
+
 /// Host bytes handed to [`Backend::upload`], owned by the backend until the copy has completed.
 #[derive(Debug)]
 pub enum HostBytes {
@@ -690,6 +722,24 @@ pub fn check_accumulate_into(
     Ok(())
 }
 
+/// The value batch norm's sums are taken about for a centre value `k`: `k` itself, or 0 where it
+/// is not finite — so a non-finite first element (or mean) leaves the raw sums, whose
+/// non-finite results are the ones PyTorch gives.
+pub fn batch_norm_shift(k: f64) -> f64 {
+    if k.is_finite() {
+        k
+    } else {
+        0.0
+    }
+}
+
+/// The layout of `x`'s first element of every channel (index 0 on every axis but 1): the
+/// forward's centre ([`Backend::batch_norm_stats_coef`]).
+pub fn first_of_each_channel(x: &Layout) -> Layout {
+    let c = x.shape()[1];
+    Layout::new(vec![c], vec![x.strides()[1]], x.offset())
+}
+
 /// Batch norm's training-mode constants for [`Backend::batch_norm_coef`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchNormCoefParams {
@@ -704,23 +754,33 @@ pub struct BatchNormCoefParams {
 
 impl BatchNormCoefParams {
     /// The forward coefficients on the host, in f64 (the reference kernel, shared by the host
-    /// backends): from `sums` `[Σx; Σx²]` (`2·C`), the optional weight and bias (`C`) and the
-    /// running mean and variance (updated in place), returns `coef` `[scale; shift; r]` and
-    /// `saved` `[mean; rstd]`. The composition in `Tensor::batch_norm` computes the same:
-    /// mean = Σx/n, var = max(Σx²/n − mean², 0), rstd = 1/√(var + eps), scale = rstd·w,
-    /// shift = b − mean·scale; the running variance is updated with the unbiased variance.
+    /// backends): from `sums` `[Σx; Σx²]` (`2·C`) taken about `centre` (`C`, each value through
+    /// [`batch_norm_shift`]; 0 when None), the optional weight and bias (`C`) and the running
+    /// mean and variance (updated in place), returns `coef` `[scale; shift; r]` and `saved`
+    /// `[mean; rstd]`. The composition in `Tensor::batch_norm` computes the same: with
+    /// d = Σ(x−k)/n, mean = k + d, var = max(Σ(x−k)²/n − d², 0), rstd = 1/√(var + eps),
+    /// scale = rstd·w, shift = b − mean·scale; the running variance is updated with the
+    /// unbiased variance.
+    ///
+    /// Raw moments (k = 0) lose (mean/σ)² ulps of the variance to cancellation — every digit
+    /// in f32 once the mean is a few thousand σ from 0; the training forward takes its sums
+    /// about each channel's first element ([`Backend::batch_norm_stats_coef`]), a few σ from
+    /// the batch's mean whatever it is, as PyTorch's Welford sums keep them.
     pub fn host(
         &self,
         sums: &[f64],
+        centre: Option<&[f64]>,
         weight: Option<&[f64]>,
         bias: Option<&[f64]>,
         running: Option<(&mut [f64], &mut [f64])>,
     ) -> (Vec<f64>, Vec<f64>) {
         let c = sums.len() / 2;
         let n = self.count;
-        let mean: Vec<f64> = sums[..c].iter().map(|s| s / n).collect();
+        let k = |ch: usize| centre.map_or(0.0, |k| batch_norm_shift(k[ch]));
+        let offset: Vec<f64> = sums[..c].iter().map(|s| s / n).collect();
+        let mean: Vec<f64> = (0..c).map(|ch| k(ch) + offset[ch]).collect();
         let var: Vec<f64> = (0..c)
-            .map(|k| (sums[c + k] / n - mean[k] * mean[k]).max(0.0))
+            .map(|ch| (sums[c + ch] / n - offset[ch] * offset[ch]).max(0.0))
             .collect();
         if let Some((rm, rv)) = running {
             let unbiased = n / (n.max(2.0) - 1.0);
@@ -1121,11 +1181,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// [`BinaryOp::ReluGrad`]).
     ///
     /// `centre` (a contiguous `[C]` `k` of [`stats_dtype`]`(x)`): every sum reads `x − k[c]`
-    /// where it reads x (the gate still reads x itself) — `[Σy, Σ(x−k)·y]` with `y`. The
-    /// backward passes the forward's mean, so the sums hold Σ(x − mean)·g itself: subtracting
-    /// mean·Σg from a raw Σx·g afterwards cancels digits the stats dtype no longer has (a
-    /// conformance soak found f32 `dw` 1e-4 relative off that way, where PyTorch's kernels
-    /// also centre first).
+    /// where it reads x (the gate still reads x itself) — `[Σy, Σ(x−k)·y]` with `y` — a
+    /// non-finite `k[c]` taken as 0 ([`batch_norm_shift`]). The backward passes the forward's
+    /// mean, so the sums hold Σ(x − mean)·g itself: subtracting mean·Σg from a raw Σx·g
+    /// afterwards cancels digits the stats dtype no longer has (a conformance soak found f32
+    /// `dw` 1e-4 relative off that way, where PyTorch's kernels also centre first). The
+    /// training forward passes each channel's first element
+    /// ([`batch_norm_stats_coef`](Self::batch_norm_stats_coef)).
     fn batch_norm_stats(
         &self,
         x: View<'_>,
@@ -1150,21 +1212,22 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ) -> Result<Storage>;
 
     /// Batch norm's forward coefficients (training): from `sums` (`[2, C]` of
-    /// [`batch_norm_stats`](Self::batch_norm_stats)), the optional weight and bias (`[C]`) and
-    /// running mean and variance (`[C]`, updated in place), a `[3, C]` `coef` for
-    /// [`batch_norm_apply`](Self::batch_norm_apply) and a `[2, C]` `[mean; rstd]` for the
-    /// backward — every operand contiguous and of the sums' dtype; the math is
-    /// [`BatchNormCoefParams::host`]. One launch where the composition takes ~30. Declared for
-    /// the activations' dtype; the default refuses.
+    /// [`batch_norm_stats`](Self::batch_norm_stats)) and the `centre` they were taken about,
+    /// the optional weight and bias (`[C]`) and running mean and variance (`[C]`, updated in
+    /// place), a `[3, C]` `coef` for [`batch_norm_apply`](Self::batch_norm_apply) and a
+    /// `[2, C]` `[mean; rstd]` for the backward — every operand contiguous and of the sums'
+    /// dtype; the math is [`BatchNormCoefParams::host`]. One launch where the composition
+    /// takes ~30. Declared for the activations' dtype; the default refuses.
     fn batch_norm_coef(
         &self,
         sums: View<'_>,
+        centre: Option<View<'_>>,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
         running: Option<(&Storage, &Storage)>,
         p: &BatchNormCoefParams,
     ) -> Result<(Storage, Storage)> {
-        let _ = (sums, weight, bias, running, p);
+        let _ = (sums, centre, weight, bias, running, p);
         Err(TensorError::Backend {
             device: self.name(),
             what: "batch_norm_coef is not implemented".into(),
@@ -1192,10 +1255,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
 
     /// [`batch_norm_stats`](Self::batch_norm_stats) of `x` alone, then
-    /// [`batch_norm_coef`](Self::batch_norm_coef) of its sums: the fused training forward's
-    /// statistics and coefficients in one call, so a backend may never write the sums — CUDA
-    /// turns its channels-last partial sums into coefficients in one launch. The same bits as
-    /// the two calls; they are the default.
+    /// [`batch_norm_coef`](Self::batch_norm_coef) of its sums, both centred on each channel's
+    /// first element ([`first_of_each_channel`], as [`stats_dtype`]`(x)`): the fused training
+    /// forward's statistics and coefficients in one call, so a backend may never write the
+    /// sums — CUDA turns its channels-last partial sums into coefficients in one launch and
+    /// reads the first elements there. The same bits as the three calls (the first elements
+    /// converted, the sums, the coefficients); they are the default.
     fn batch_norm_stats_coef(
         &self,
         x: View<'_>,
@@ -1204,9 +1269,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         running: Option<(&Storage, &Storage)>,
         p: &BatchNormCoefParams,
     ) -> Result<(Storage, Storage)> {
-        with_batch_norm_sums(self, x, None, None, None, |sums| {
-            self.batch_norm_coef(sums, weight, bias, running, p)
-        })
+        batch_norm_stats_coef_composed(self, x, weight, bias, running, p)
     }
 
     /// The backward's counterpart of [`batch_norm_stats_coef`](Self::batch_norm_stats_coef):

@@ -451,7 +451,11 @@ impl Backend for Reference {
     ) -> Result<Storage> {
         let xs = self.gather(x)?;
         let ys = self.gated(&xs, x, y, gate)?;
-        let k = centre.map(|k| self.gather(k)).transpose()?;
+        let k = centre.map(|k| self.gather(k)).transpose()?.map(|k| {
+            k.into_iter()
+                .map(crate::backend::batch_norm_shift)
+                .collect::<Vec<_>>()
+        });
         let sums = ops::norm::batch_norm_reference::stats(
             &xs,
             ys.as_deref(),
@@ -489,6 +493,7 @@ impl Backend for Reference {
     fn batch_norm_coef(
         &self,
         sums: View<'_>,
+        centre: Option<View<'_>>,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
         running: Option<(&Storage, &Storage)>,
@@ -496,17 +501,19 @@ impl Backend for Reference {
     ) -> Result<(Storage, Storage)> {
         let sd = sums.dtype();
         let s = self.gather(sums)?;
+        let k = centre.map(|k| self.gather(k)).transpose()?;
         let w = weight.map(|w| self.gather(w)).transpose()?;
         let b = bias.map(|b| self.gather(b)).transpose()?;
         let (coef, saved) = match running {
             Some((mean, var)) => {
                 let (mut rm, mut rv) = (self.values(mean)?.clone(), self.values(var)?.clone());
-                let out = p.host(&s, w.as_deref(), b.as_deref(), Some((&mut rm, &mut rv)));
+                let running = Some((&mut rm[..], &mut rv[..]));
+                let out = p.host(&s, k.as_deref(), w.as_deref(), b.as_deref(), running);
                 self.update(mean, |v| v.copy_from_slice(&rm))?;
                 self.update(var, |v| v.copy_from_slice(&rv))?;
                 out
             }
-            None => p.host(&s, w.as_deref(), b.as_deref(), None),
+            None => p.host(&s, k.as_deref(), w.as_deref(), b.as_deref(), None),
         };
         Ok((self.store(sd, coef), self.store(sd, saved)))
     }

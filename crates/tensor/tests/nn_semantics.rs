@@ -410,10 +410,13 @@ fn batch_norm_statistics_with_coefficients_are_the_two_calls_and_check_as_they_d
         .batch_norm_stats_coef(Some(&w), Some(&b), Some((&m1, &v1)), &p)
         .unwrap();
     let (m2, v2) = running();
-    let sums = x.batch_norm_stats(None, None, None).unwrap();
+    // The sums about each channel's first element: x is [1, 2, 1, 3], so x[0, c, 0, 0].
+    let first = x.narrow(3, 0, 1).unwrap().reshape(&[2]).unwrap();
+    let sums = x.batch_norm_stats(None, None, Some(&first)).unwrap();
+    let running = Some((&m2, &v2));
+    let (k, w_, b_) = (Some(&first), Some(&w), Some(&b));
     let (coef2, saved2) =
-        Tensor::batch_norm_coef(&sums, x.dtype(), Some(&w), Some(&b), Some((&m2, &v2)), &p)
-            .unwrap();
+        Tensor::batch_norm_coef(&sums, k, x.dtype(), w_, b_, running, &p).unwrap();
     assert_eq!(
         values(&[&coef, &saved, &m1, &v1]),
         values(&[&coef2, &saved2, &m2, &v2])

@@ -351,12 +351,14 @@ impl Backend for Broken {
     fn batch_norm_coef(
         &self,
         sums: View<'_>,
+        centre: Option<View<'_>>,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
         running: Option<(&Storage, &Storage)>,
         p: &BatchNormCoefParams,
     ) -> Result<(Storage, Storage)> {
-        self.inner.batch_norm_coef(sums, weight, bias, running, p)
+        self.inner
+            .batch_norm_coef(sums, centre, weight, bias, running, p)
     }
     fn batch_norm_grad_coef(
         &self,

@@ -85,8 +85,8 @@ pub struct Case {
     /// second operand: its last input (for the sums, the third, a centre may follow).
     pub gate: bool,
     /// The batch-norm coefficient ops' optional operands (with or without the statistics):
-    /// bit 0 weight, 1 bias, 2 running statistics, 3 a residual (forward); bit 0 weight
-    /// (backward). The inputs are always all there; the op is given those the bits name.
+    /// bit 0 weight, 1 bias, 2 running statistics, 3 a residual, 4 the sums' centre
+    /// (forward); bit 0 weight (backward). The inputs are always all there; the op is given those the bits name.
     /// For the batch-norm sums, bit 0: the last input is a `[C]` centre.
     pub operands: u8,
 }
@@ -264,7 +264,7 @@ impl Case {
             }
             NnOp::BatchNormCoef | NnOp::BatchNormStatsCoef => {
                 // x: sums (or the activations themselves), weight, bias, running mean, running
-                // variance (updated: copies).
+                // variance (updated: copies), and with the sums the centre they were taken about.
                 let has = |bit: u8| self.operands & (1 << bit) != 0;
                 let (mean, var) = (x[3].contiguous_copy()?, x[4].contiguous_copy()?);
                 let with_sums = op == NnOp::BatchNormCoef;
@@ -281,7 +281,8 @@ impl Case {
                 let (weight, bias) = (has(0).then_some(&x[1]), has(1).then_some(&x[2]));
                 let running = has(2).then_some((&mean, &var));
                 let (coef, saved) = if with_sums {
-                    Tensor::batch_norm_coef(&x[0], self.dtype, weight, bias, running, &p)?
+                    let centre = has(4).then_some(&x[5]);
+                    Tensor::batch_norm_coef(&x[0], centre, self.dtype, weight, bias, running, &p)?
                 } else {
                     x[0].batch_norm_stats_coef(weight, bias, running, &p)?
                 };

@@ -479,8 +479,9 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
             )
             .boxed(),
         // Sums [2, C] (any sign: a negative variance is clamped to 0), then [C] weight, bias,
-        // running mean and (positive) running variance, each used or not.
-        NnOp::BatchNormCoef => (1usize..=5, 0u8..16)
+        // running mean and (positive) running variance, and the centre the sums were taken
+        // about, each used or not.
+        NnOp::BatchNormCoef => (1usize..=5, 0u8..32)
             .prop_flat_map(move |(c, operands)| {
                 let sd = stats_dtype(dtype);
                 let channel = move |domain, salt| input(vec![c], sd, domain, salt);
@@ -488,12 +489,12 @@ fn nn_case(op: NnOp, dtype: DType) -> BoxedStrategy<Case> {
                     input(vec![2, c], sd, Domain::Any, 0),
                     (channel(Domain::Any, 1), channel(Domain::Any, 2)),
                     (channel(Domain::Any, 3), channel(Domain::Positive, 4)),
-                    Just(operands),
+                    (channel(Domain::Any, 5), Just(operands)),
                 )
             })
-            .prop_map(move |(sums, (w, b), (m, v), operands)| Case {
+            .prop_map(move |(sums, (w, b), (m, v), (k, operands))| Case {
                 operands,
-                ..make(vec![sums, w, b, m, v], vec![])
+                ..make(vec![sums, w, b, m, v, k], vec![])
             })
             .boxed(),
         // Sums [2, C] [Σg; Σ(x − mean)·g], the forward's [mean; rstd] (rstd > 0), a weight or

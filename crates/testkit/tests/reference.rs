@@ -383,11 +383,11 @@ fn a_convolution_adds_its_input_gradient_into_a_waiting_one_only_when_it_is_alon
     }
 }
 
-/// The reference itself in f32 (sums in f64, stored as f32) keeps batch norm's backward digits
-/// far from zero: its sums are centred on the mean.
+/// The reference itself in f32 (sums in f64, stored as f32) keeps batch norm's digits far from
+/// zero: its sums are centred (forward: on each channel's first element; backward: the mean).
 #[test]
-fn the_reference_in_f32_keeps_batch_norms_backward_digits_far_from_zero() {
-    redline_testkit::precision::batch_norm_backward_far_from_zero(&Device::reference()).unwrap();
+fn the_reference_in_f32_keeps_batch_norms_digits_far_from_zero() {
+    redline_testkit::precision::batch_norm_far_from_zero(&Device::reference()).unwrap();
 }
 
 /// The non-finite check's subnormal cases: a backend that flushes subnormals to zero fails

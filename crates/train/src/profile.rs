@@ -860,12 +860,13 @@ impl Backend for OpProfile {
     fn batch_norm_coef(
         &self,
         sums: View<'_>,
+        centre: Option<View<'_>>,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
         running: Option<(&Storage, &Storage)>,
         p: &BatchNormCoefParams,
     ) -> Result<(Storage, Storage)> {
-        let f = |b: &dyn Backend| b.batch_norm_coef(sums, weight, bias, running, p);
+        let f = |b: &dyn Backend| b.batch_norm_coef(sums, centre, weight, bias, running, p);
         self.timed(Reduction, || "batch_norm_coef".into(), 0, f)
     }
     fn batch_norm_grad_coef(

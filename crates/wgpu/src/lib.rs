@@ -565,9 +565,9 @@ impl Backend for WgpuBackend {
             storage: s,
             layout: &dense,
         };
-        let xf = self.convert(x, DType::F32, &dense)?;
         let xf = match centre {
-            // x − k[c]: the centre broadcast along every axis but the channels'.
+            // x − k[c] in f32: the centre broadcast along every axis but the channels', 0 where
+            // it is not finite (batch_norm_shift; NaN fails the comparison too).
             Some(k) => {
                 let mut strides = vec![0; shape.len()];
                 strides[1] = 1;
@@ -576,9 +576,10 @@ impl Backend for WgpuBackend {
                     storage: k.storage,
                     layout: &along,
                 };
-                self.binary(BinaryOp::Sub, view(&xf), k, &dense)?
+                let centred = "a - select(0.0, b, abs(b) <= 3.4028235e38)";
+                self.elementwise(centred, &[x, k], &dense, DType::F32, 0.0)?
             }
-            None => xf,
+            None => self.convert(x, DType::F32, &dense)?,
         };
         let yf = y.map(|y| self.convert(y, DType::F32, &dense)).transpose()?;
         let other = view(yf.as_ref().unwrap_or(&xf));
@@ -604,6 +605,7 @@ impl Backend for WgpuBackend {
     fn batch_norm_coef(
         &self,
         sums: View<'_>,
+        centre: Option<View<'_>>,
         weight: Option<View<'_>>,
         bias: Option<View<'_>>,
         running: Option<(&Storage, &Storage)>,
@@ -621,6 +623,7 @@ impl Backend for WgpuBackend {
             dtype,
             c,
             self.dense(sums)?,
+            centre.map(|k| self.dense(k)).transpose()?,
             weight.map(|w| self.dense(w)).transpose()?,
             bias.map(|b| self.dense(b)).transpose()?,
             running,

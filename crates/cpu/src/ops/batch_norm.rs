@@ -4,9 +4,9 @@
 //! channel (strides 0 except 1 on axis 1): on channels-last data a run is C consecutive
 //! channels, so the sums accumulate into a contiguous `[2, C]` and the map is vectorised.
 
-use redline_tensor::{stats_dtype, Layout};
+use redline_tensor::{batch_norm_shift, stats_dtype, Layout};
 
-use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Real};
+use crate::buffer::{as_compute, from_compute, overwritten, with_compute, Data, Elem, Real};
 use crate::parallel::{self, Disjoint};
 use crate::strided::Plan;
 
@@ -68,7 +68,10 @@ pub(crate) fn stats(
         let gate = gate_data.as_ref().map(|(d, offset)| gate_rows(&d[*offset..], c));
         // Zero without a centre: one subtraction an element instead of a second set of loops.
         let centre: Vec<C> = match centre {
-            Some((d, offset)) => as_compute::<C>(d)[offset..offset + c].to_vec(),
+            Some((d, offset)) => as_compute::<C>(d)[offset..offset + c]
+                .iter()
+                .map(|&k| C::c(batch_norm_shift(k.to_f64())))
+                .collect(),
             None => vec![C::ZERO; c],
         };
         let has_y = ys.is_some();

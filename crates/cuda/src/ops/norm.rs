@@ -173,6 +173,7 @@ fn stats_rows(
     out: DevicePtr,
     partials: DevicePtr,
 ) -> Result<()> {
+    let centre = centre.map_or(Centre::Raw, Centre::Given);
     partial_stats(gpu, plan, x, y, gate, centre, partials)?;
     let stats = redline_tensor::stats_dtype(x.dtype);
     let args = KernelArgs::new()
@@ -194,15 +195,21 @@ pub fn partial_stats(
     x: &Operand,
     y: Option<&Operand>,
     gate: Option<DevicePtr>,
-    centre: Option<DevicePtr>,
+    centre: Centre,
     partials: DevicePtr,
 ) -> Result<()> {
     let null = DevicePtr(0);
+    let (given, first_out) = match centre {
+        Centre::Raw => (null, null),
+        Centre::Given(k) => (k, null),
+        Centre::FirstRow(out) => (null, out),
+    };
     let args = KernelArgs::new()
         .ptr(x.ptr)
         .ptr(y.map_or(null, |y| y.ptr))
         .ptr(gate.unwrap_or(null))
-        .ptr(centre.unwrap_or(null))
+        .ptr(given)
+        .ptr(first_out)
         .ptr(partials)
         .i64(plan.rows as i64)
         .i64(plan.channels as i64);
@@ -212,6 +219,18 @@ pub fn partial_stats(
     };
     let kernel = kernels::batch_norm_stats(name, x.dtype, y.is_some(), gate.is_some());
     gpu.launch(&kernel, plan.shape(), &args)
+}
+
+/// What the rows kernels' sums are taken about.
+#[derive(Clone, Copy, Debug)]
+pub enum Centre {
+    /// Nothing: raw sums.
+    Raw,
+    /// A contiguous `[C]` of the stats dtype (the backward's mean).
+    Given(DevicePtr),
+    /// x's first row — each channel's first element, the forward's centre — which the
+    /// kernel also writes to this `[C]` of the stats dtype for the coefficients' launch.
+    FirstRow(DevicePtr),
 }
 
 /// Where batch norm's per-channel math reads its sums.
@@ -317,6 +336,7 @@ pub fn coef(
     stats: redline_tensor::DType,
     c: usize,
     sums: Sums,
+    centre: Option<DevicePtr>,
     weight: Option<DevicePtr>,
     bias: Option<DevicePtr>,
     running: Option<(DevicePtr, DevicePtr)>,
@@ -330,6 +350,7 @@ pub fn coef(
     let (mean, var) = running.unwrap_or((null, null));
     let (args, shape, partials) = sums.launch(c);
     let args = args
+        .ptr(centre.unwrap_or(null))
         .ptr(weight.unwrap_or(null))
         .ptr(bias.unwrap_or(null))
         .ptr(mean)

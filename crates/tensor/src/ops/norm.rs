@@ -204,23 +204,28 @@ impl Tensor {
 
     /// Batch norm's forward coefficients for activations of `dtype`
     /// ([`crate::Backend::batch_norm_coef`]): `(coef [3, C], saved [2, C] = [mean; rstd])` from
-    /// `sums` ([`Tensor::batch_norm_stats`]), updating `running` (`(mean, var)`) in place. Every
-    /// operand is `[C]` (`sums` `[2, C]`) of [`stats_dtype`]`(dtype)`. No gradient.
+    /// `sums` ([`Tensor::batch_norm_stats`]) and the `centre` they were taken about, updating
+    /// `running` (`(mean, var)`) in place. Every operand is `[C]` (`sums` `[2, C]`) of
+    /// [`stats_dtype`]`(dtype)`. No gradient.
     pub fn batch_norm_coef(
         sums: &Tensor,
+        centre: Option<&Tensor>,
         dtype: DType,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
         running: Option<(&Tensor, &Tensor)>,
         p: &BatchNormCoefParams,
     ) -> Result<(Tensor, Tensor)> {
-        let c = Self::check_coef_operands("batch_norm_coef", sums, dtype, &[weight, bias])?;
+        let per_channel = [centre, weight, bias];
+        let c = Self::check_coef_operands("batch_norm_coef", sums, dtype, &per_channel)?;
         Self::check_running("batch_norm_coef", sums, dtype, c, running)?;
         sums.device().check(Op::Nn(NnOp::BatchNormCoef), dtype)?;
         let dense = |t: Option<&Tensor>| t.map(Tensor::contiguous).transpose();
-        let (sums, weight, bias) = (sums.contiguous()?, dense(weight)?, dense(bias)?);
+        let (sums, centre) = (sums.contiguous()?, dense(centre)?);
+        let (weight, bias) = (dense(weight)?, dense(bias)?);
         let (coef, saved) = sums.backend().batch_norm_coef(
             sums.view(),
+            centre.as_ref().map(Tensor::view),
             weight.as_ref().map(Tensor::view),
             bias.as_ref().map(Tensor::view),
             running.map(|(m, v)| (&**m.storage(), &**v.storage())),
@@ -234,7 +239,7 @@ impl Tensor {
     }
 
     /// [`Tensor::batch_norm_stats`] of this tensor alone, then [`Tensor::batch_norm_coef`] of
-    /// its sums, in one backend call ([`crate::Backend::batch_norm_stats_coef`]: on CUDA the
+    /// its sums, both about each channel's first element, in one backend call ([`crate::Backend::batch_norm_stats_coef`]: on CUDA the
     /// sums are never written). The same checks and bits as the two calls.
     pub fn batch_norm_stats_coef(
         &self,
@@ -511,12 +516,32 @@ impl Tensor {
                 let stats = running.as_ref().map(|r| (r.mean, r.var));
                 return x.batch_norm_stats_coef(w.as_ref(), b.as_ref(), stats, &p);
             }
-            let sums = x.batch_norm_stats(None, None, None)?;
-            let mean = row(&sums, 0)?.mul_scalar(1.0 / n)?;
+            // The sums about each channel's first element (0 where it is not finite), as the
+            // one-launch path takes them (`BatchNormCoefParams::host`): mean = k + d,
+            // var = Σ(x−k)²/n − d².
+            let shift = match x.numel() {
+                0 => None,
+                _ => {
+                    let mut first = x.clone();
+                    for axis in (0..x.rank()).filter(|&a| a != 1) {
+                        first = first.narrow(axis, 0, 1)?;
+                    }
+                    let k = first.reshape(&[c])?.cast(sd)?;
+                    let zero = k.scalar_like(0.0)?;
+                    let finite = k.sub(&k)?.eq(&zero)?;
+                    Some(Tensor::where_(&finite, &k, &zero)?)
+                }
+            };
+            let sums = x.batch_norm_stats(None, None, shift.as_ref())?;
+            let offset = row(&sums, 0)?.mul_scalar(1.0 / n)?;
             let var = row(&sums, 1)?
                 .mul_scalar(1.0 / n)?
-                .sub(&mean.mul(&mean)?)?
-                .maximum(&mean.scalar_like(0.0)?)?;
+                .sub(&offset.mul(&offset)?)?
+                .maximum(&offset.scalar_like(0.0)?)?;
+            let mean = match &shift {
+                Some(k) => k.add(&offset)?,
+                None => offset,
+            };
             if let Some(r) = &running {
                 let unbiased = n / (n.max(2.0) - 1.0);
                 let update = |stat: &Tensor, batch: &Tensor, scale: f64| -> Result<()> {

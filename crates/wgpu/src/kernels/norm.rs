@@ -38,13 +38,15 @@ fn offset(o: Option<Operand<'_>>) -> u32 {
 }
 
 /// Forward coefficients: `coef` `[scale; shift; r]` (3·C) and `saved` `[mean; rstd]` (2·C)
-/// from `sums` `[Σx; Σx²]`, updating `running` (mean, variance) in place when given.
+/// from `sums` `[Σx; Σx²]` taken about `centre` (0 when absent, or where not finite), updating
+/// `running` (mean, variance) in place when given.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_coef(
     ctx: &Context,
     dtype: DType,
     c: usize,
     sums: Operand<'_>,
+    centre: Option<Operand<'_>>,
     weight: Option<Operand<'_>>,
     bias: Option<Operand<'_>>,
     running: Option<(&wgpu::Buffer, &wgpu::Buffer, DType)>,
@@ -54,7 +56,8 @@ pub(crate) fn batch_norm_coef(
 ) -> Result<()> {
     let stats = running.map(|(_, _, d)| d);
     let key = format!(
-        "bn_coef|{dtype:?}|{}|{}|{stats:?}",
+        "bn_coef|{dtype:?}|{}|{}|{}|{stats:?}",
+        centre.is_some(),
         weight.is_some(),
         bias.is_some()
     );
@@ -63,7 +66,8 @@ pub(crate) fn batch_norm_coef(
         src.push_str(&shader::input("sums", 1, dtype));
         src.push_str(&shader::output("coef", 2, dtype));
         src.push_str(&shader::output("saved", 3, dtype));
-        let next = optional(&mut src, "w", 4, dtype, weight.is_some(), 1.0);
+        let next = optional(&mut src, "k", 4, dtype, centre.is_some(), 0.0);
+        let next = optional(&mut src, "w", next, dtype, weight.is_some(), 1.0);
         let next = optional(&mut src, "b", next, dtype, bias.is_some(), 0.0);
         let update = match stats {
             Some(d) => {
@@ -81,9 +85,12 @@ pub(crate) fn batch_norm_coef(
     if (i >= c) {{ return; }}
     let n = param_f32(1u);
     let m = param_f32(3u);
-    let mean = load_sums(params[5] + i) / n;
+    // The centre the sums were taken about, 0 where it is not finite (NaN fails the test).
+    let k = load_k(params[8] + i);
+    let offset = load_sums(params[5] + i) / n;
+    let mean = select(0.0, k, abs(k) <= 3.4028235e38) + offset;
     // Clamped at 0, NaN included (as the reference; WGSL's max may keep the NaN).
-    let raw_variance = load_sums(params[5] + c + i) / n - mean * mean;
+    let raw_variance = load_sums(params[5] + c + i) / n - offset * offset;
     let variance = select(0.0, raw_variance, raw_variance > 0.0);
 {update}    let rstd = 1.0 / sqrt(variance + param_f32(2u));
     let scale = rstd * load_w(params[6] + i);
@@ -107,8 +114,10 @@ pub(crate) fn batch_norm_coef(
         sums.1 as u32,
         offset(weight),
         offset(bias),
+        offset(centre),
     ];
     let mut buffers = vec![sums.0, coef, saved];
+    buffers.extend(centre.map(|(b, _)| b));
     buffers.extend(weight.map(|(b, _)| b));
     buffers.extend(bias.map(|(b, _)| b));
     if let Some((rm, rv, _)) = running {
