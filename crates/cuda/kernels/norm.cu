@@ -133,9 +133,10 @@ struct alignas(sizeof(T) * V) Channels {
 /// batch_norm_stats over the rows (HAS_Y, GATE, centre as there): block (x, y) writes the sums
 /// of its columns over its rows into partials[y] ([2, C] each), after halving its rows in
 /// shared memory in a fixed order; batch_norm_stats_combine adds the partials in order. The
-/// same bits every run. With first_out (and rows > 0), the sums are centred on x's first row
-/// — each channel's first element, a few σ from its mean whatever that is — instead, and
-/// blocks y = 0 write those centres there (finite_or_zero) for the coefficients' launch.
+/// same bits every run. With first_out (only without y, and rows > 0), the sums are centred
+/// on x's first row — each channel's first element, a few σ from its mean whatever that is —
+/// instead, and blocks y = 0 write those centres there (finite_or_zero) for the coefficients'
+/// launch.
 template <class T, int V, bool HAS_Y, bool GATE>
 __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__restrict__ y,
                                            const typename Stat<T>::type *__restrict__ gate,
@@ -159,7 +160,11 @@ __device__ __forceinline__ void stats_rows(const T *__restrict__ x, const T *__r
             }
         }
         const Run *xr = reinterpret_cast<const Run *>(x);
-        if (first_out != nullptr && rows > 0) {
+        // The first row only without y (the forward): the backward's instantiations never
+        // read it, which keeps their registers under the 64 the packed kernel has.
+        bool from_first_row = false;
+        if constexpr (!HAS_Y) from_first_row = first_out != nullptr && rows > 0;
+        if (from_first_row) {
             const Run first = xr[q];
 #pragma unroll
             for (int k = 0; k < V; k++) mid[k] = finite_or_zero(Num<T>::load(first.v[k]));

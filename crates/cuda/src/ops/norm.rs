@@ -7,7 +7,7 @@
 //! over operands sharing any other dense layout in 16-byte packs. The general kernels read
 //! channels-last tensors one element per 128-byte line.
 
-use redline_tensor::{Layout, Result};
+use redline_tensor::{Layout, Result, TensorError};
 
 use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape, Strided};
 use crate::kernels;
@@ -202,6 +202,14 @@ pub fn partial_stats(
     let (given, first_out) = match centre {
         Centre::Raw => (null, null),
         Centre::Given(k) => (k, null),
+        // The kernels read the first row only without y; with one, the coefficients would
+        // read centres nobody wrote.
+        Centre::FirstRow(_) if y.is_some() => {
+            return Err(TensorError::Backend {
+                device: gpu.name(),
+                what: "batch norm's sums centre on x's first row only without y".into(),
+            })
+        }
         Centre::FirstRow(out) => (null, out),
     };
     let args = KernelArgs::new()
@@ -229,7 +237,8 @@ pub enum Centre {
     /// A contiguous `[C]` of the stats dtype (the backward's mean).
     Given(DevicePtr),
     /// x's first row — each channel's first element, the forward's centre — which the
-    /// kernel also writes to this `[C]` of the stats dtype for the coefficients' launch.
+    /// kernel also writes to this `[C]` of the stats dtype for the coefficients' launch. Only
+    /// without y (the forward).
     FirstRow(DevicePtr),
 }
 

@@ -239,8 +239,10 @@ impl Tensor {
     }
 
     /// [`Tensor::batch_norm_stats`] of this tensor alone, then [`Tensor::batch_norm_coef`] of
-    /// its sums, both about each channel's first element, in one backend call ([`crate::Backend::batch_norm_stats_coef`]: on CUDA the
-    /// sums are never written). The same checks and bits as the two calls.
+    /// its sums, both about each channel's first element, in one backend call
+    /// ([`crate::Backend::batch_norm_stats_coef`]: on CUDA the sums are never written). The
+    /// same checks, and the bits of the two calls given those first elements (as the stats
+    /// dtype) for their centre.
     pub fn batch_norm_stats_coef(
         &self,
         weight: Option<&Tensor>,
