@@ -41,10 +41,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redline_tensor::{
-    batch_norm_stats_coef_composed, stats_dtype, with_batch_norm_sums, AdamWParams, Annotation,
-    Backend, BinaryOp, Conv2dParams, DType, Download, DownloadOf, Event, Graph, HostBytes, Layout,
-    Op, Pool2dParams, ReduceOp, Replay, Result, ScalerParams, SgdParams, Storage, TensorError,
-    Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
+    batch_norm_stats_coef_composed, saved_mean, stats_dtype, with_batch_norm_sums, AdamWParams,
+    Annotation, Backend, BinaryOp, Conv2dParams, DType, Download, DownloadOf, Event, Graph,
+    HostBytes, Layout, Op, Pool2dParams, ReduceOp, Replay, Result, ScalerParams, SgdParams,
+    Storage, TensorError, Timestamp, UnaryOp, View, TIMESTAMP_SLOTS,
 };
 
 pub use emulator::Emulator;
@@ -942,7 +942,7 @@ impl Backend for CudaBackend {
         let (sd, c) = (stats_dtype(x.dtype()), x.layout.shape()[1]);
         let (xo, go) = (self.operand(x)?, self.operand(g)?);
         // The sums are centred on the forward's mean: saved's first row.
-        let mean_layout = Layout::new(vec![c], vec![1], saved.layout.offset());
+        let mean_layout = saved_mean(saved.layout);
         let mean = View {
             storage: saved.storage,
             layout: &mean_layout,

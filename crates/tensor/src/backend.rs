@@ -740,6 +740,16 @@ pub fn first_of_each_channel(x: &Layout) -> Layout {
     Layout::new(vec![c], vec![x.strides()[1]], x.offset())
 }
 
+/// The layout of the mean row of batch norm's `saved` `[mean; rstd]` (`[2, C]`): the
+/// backward's centre ([`Backend::batch_norm_grad_stats_coef`]).
+pub fn saved_mean(saved: &Layout) -> Layout {
+    Layout::new(
+        vec![saved.shape()[1]],
+        vec![saved.strides()[1]],
+        saved.offset(),
+    )
+}
+
 /// Batch norm's training-mode constants for [`Backend::batch_norm_coef`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchNormCoefParams {
@@ -1285,8 +1295,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         weight: Option<View<'_>>,
         count: f64,
     ) -> Result<(Storage, Storage, Storage)> {
-        let c = x.layout.shape()[1];
-        let mean = Layout::new(vec![c], vec![1], saved.layout.offset());
+        let mean = saved_mean(saved.layout);
         let centre = View {
             storage: saved.storage,
             layout: &mean,

@@ -32,11 +32,11 @@ mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
 pub use backend::{
-    batch_norm_shift, batch_norm_stats_coef_composed, first_of_each_channel, stats_dtype,
-    with_batch_norm_sums, AdamWParams, Annotation, Backend, BatchNormCoefParams, BinaryOp,
-    Conv2dParams, Download, DownloadOf, Event, Graph, HostBytes, MemoryStats, NnOp, Op, OptimOp,
-    OtherOp, Pool2dParams, ReduceOp, Replay, ScalerParams, SgdParams, Storage, Timestamp, UnaryOp,
-    View, TIMESTAMP_SLOTS,
+    batch_norm_shift, batch_norm_stats_coef_composed, first_of_each_channel, saved_mean,
+    stats_dtype, with_batch_norm_sums, AdamWParams, Annotation, Backend, BatchNormCoefParams,
+    BinaryOp, Conv2dParams, Download, DownloadOf, Event, Graph, HostBytes, MemoryStats, NnOp, Op,
+    OptimOp, OtherOp, Pool2dParams, ReduceOp, Replay, ScalerParams, SgdParams, Storage, Timestamp,
+    UnaryOp, View, TIMESTAMP_SLOTS,
 };
 pub use device::Device;
 pub use dtype::{DType, Element};
