@@ -158,6 +158,18 @@ const MUTATIONS: &[Mutation] = &[
         original: "const S offset = sum_x / n, mean = k + offset;",
         mutated: "const S offset = sum_x / n, mean = offset;",
     },
+    Mutation {
+        name: "multi-tensor block map giving a tensor's first block to the tensor before it",
+        file: "optim.cu",
+        original: "if (list.first_block[mid] <= b) lo = mid;",
+        mutated: "if (list.first_block[mid] < b) lo = mid;",
+    },
+    Mutation {
+        name: "multi-tensor walk striding by one block, not by the tensor's blocks",
+        file: "optim.cu",
+        original: "const i64 blocks = end - list.first_block[lo];",
+        mutated: "const i64 blocks = 1;",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

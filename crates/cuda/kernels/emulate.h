@@ -21,11 +21,17 @@
 // - A kernel whose launch finished without any barrier or warp operation runs later launches
 //   with its threads as plain calls (no fibers): elementwise work at function-call speed.
 // - `__half` and `__nv_bfloat16` are 16-bit host types with correctly rounded conversions.
+// - `REDLINE_HOST_EMULATOR` is defined, for the one place a kernel must know: a parameter too
+//   large to copy for every thread (optim.cu's tensor lists) is declared a const reference
+//   here, bound to the launch's bytes (`sizeof` of a reference is its type's, so the launch's
+//   parameter sizes still match).
 // Slow (a context switch per thread per barrier), but exact about indexing, tails and
 // synchronisation. On x86-64 a switch saves only the registers a function call must preserve
 // (see `switch_to`); glibc's swapcontext, used elsewhere, also makes a system call per switch.
 // The host shims `host/cuda_fp16.h` and `host/cuda_bf16.h` stand in for NVIDIA's headers.
 #pragma once
+
+#define REDLINE_HOST_EMULATOR 1
 
 // The hand-written switch on x86-64; ucontext elsewhere, or where REDLINE_EMU_UCONTEXT is
 // defined (how the emulator's self-test checks that path too).

@@ -1,18 +1,58 @@
-// Multi-tensor optimizer and mixed-precision ops. Each launch takes up to LIST_MAX tensors'
+// Multi-tensor optimizer and mixed-precision ops. A launch takes up to LIST_MAX tensors'
 // pointers by value (PyTorch's multi_tensor_apply approach: no pointer table to upload, so a
-// captured graph replays them as they are); block row y walks tensor y. They read the
-// device-side found-inf flag and skip the step on overflow: a training step never waits for
-// the host. One-element scalars (found-inf, step, scale, growth tracker) may be of any dtype:
-// read and written through `load_scalar` / `store_scalar` by the dtype's code.
+// captured graph replays them as they are). CUDA 12.1 raised the kernel parameter limit from
+// 4 KiB to 32,764 bytes on Volta and later (this build needs a 12.8 driver), so a list holds
+// 512 tensors — ResNet-50's 161 parameters (ResNet-152's 467) are one launch per op, where
+// 4 KiB held about 36. The grid is flat: tensor t owns blocks [first_block[t], first_block[t+1]),
+// as many as its length needs up to a cap, so no block is launched only to find its tensor
+// shorter than the longest. They read the device-side found-inf flag and skip the step on
+// overflow: a training step never waits for the host. One-element scalars (found-inf, step,
+// scale, growth tracker) may be of any dtype: read and written through `load_scalar` /
+// `store_scalar` by the dtype's code.
 #include "block.cuh"
 
-#define LIST_MAX 32
+#define LIST_MAX 512
 
-/// Up to four lists of tensors (param, grad, and two states), `count` of them, `n[i]` elements.
+/// Up to four lists of tensors (param, grad, and two states), `count` of them, `n[i]` elements,
+/// and the flat grid's block map. Mirrored by `list` in `src/ops/optim.rs`.
 struct TensorList {
     u64 ptr[4][LIST_MAX];
     i64 n[LIST_MAX];
+    i32 first_block[LIST_MAX];
+    i32 count;
+    i32 unused;
 };
+
+// A list is read where the launch left it: on a GPU from the parameter bank; on the host
+// emulator through a reference to the launch's bytes, since a by-value parameter is copied
+// for every thread (22 KiB each).
+#ifdef REDLINE_HOST_EMULATOR
+typedef const TensorList &Tensors;
+#else
+typedef const TensorList Tensors;
+#endif
+
+/// This block's share of the flat grid: its tensor, and the element walk over that tensor's
+/// blocks — from `begin`, every `step`.
+struct Share {
+    int t;
+    i64 begin, step;
+};
+
+__device__ __forceinline__ Share share_of(Tensors list) {
+    // The last tensor whose first block is at or before this one: a tensor of no blocks
+    // shares its first block with the next, which wins.
+    const i32 b = (i32)blockIdx.x;
+    int lo = 0, hi = list.count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (list.first_block[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const i32 end = lo + 1 < list.count ? list.first_block[lo + 1] : (i32)gridDim.x;
+    const i64 blocks = end - list.first_block[lo];
+    return Share{lo, (i64)(b - list.first_block[lo]) * blockDim.x + threadIdx.x, blocks * blockDim.x};
+}
 
 /// redline_tensor::DType in declaration order.
 enum DTypeCode { CODE_F64, CODE_F32, CODE_F16, CODE_BF16, CODE_U8, CODE_I32, CODE_I64 };
@@ -66,16 +106,16 @@ __global__ void count_step(Flag step, Flag found_inf) {
 /// the device (a replayed graph sees this step's values): list 0 params, 1 grads, 2 momentum
 /// buffers (when momentum ≠ 0), filled with the gradient on the first applied step.
 template <class T>
-__global__ void sgd(TensorList list, SgdArgs a, Flag step, Flag lr, Flag found_inf) {
+__global__ void sgd(Tensors list, SgdArgs a, Flag step, Flag lr, Flag found_inf) {
     typedef typename Num<T>::acc A;
     if (raised(found_inf)) return;
     const bool first = load_scalar((const void *)step.ptr, step.code) == 1.0;
     const A rate = (A)(load_scalar((const void *)lr.ptr, lr.code) * a.lr_scale);
-    const int t = blockIdx.y;
-    T *param = (T *)list.ptr[0][t];
-    const T *grad = (const T *)list.ptr[1][t];
-    T *buf = (T *)list.ptr[2][t];
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
+    const Share s = share_of(list);
+    T *param = (T *)list.ptr[0][s.t];
+    const T *grad = (const T *)list.ptr[1][s.t];
+    T *buf = (T *)list.ptr[2][s.t];
+    for (i64 i = s.begin; i < list.n[s.t]; i += s.step) {
         const A w = Num<T>::load(param[i]);
         A d = Num<T>::load(grad[i]) + (A)a.weight_decay * w;
         if (a.momentum != 0.0) {
@@ -96,15 +136,13 @@ struct AdamArgs {
 ///
 /// The bias corrections take two f64 `pow`s: one thread of each block computes them and shares
 /// them, since every thread doing so cost a GeForce card (f64 at 1/64 rate) milliseconds a
-/// step. A block past its tensor's end leaves first (the grid is sized for the longest); a
-/// skipped step leaves after the barrier, so whether a block reaches it depends on its place
-/// alone, never on data (the host emulator runs a kernel whose launch met no barrier without
-/// fibers from then on, and a skipped first step would have hidden it).
+/// step. A skipped step leaves after the barrier, so every block reaches it whatever the data
+/// (the host emulator runs a kernel whose launch met no barrier without fibers from then on,
+/// and a skipped first step would have hidden it).
 template <class T>
-__global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag lr, Flag found_inf) {
+__global__ void adamw(Tensors list, AdamArgs a, Flag step, Flag lr, Flag found_inf) {
     typedef typename Num<T>::acc A;
-    const int t = blockIdx.y;
-    if ((i64)blockIdx.x * blockDim.x >= list.n[t]) return;
+    const Share s = share_of(list);
     __shared__ A corrections[2];
     if (threadIdx.x == 0) {
         const double s = load_scalar((const void *)step.ptr, step.code);
@@ -115,11 +153,11 @@ __global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag lr, Flag foun
     if (raised(found_inf)) return;
     const A bc1 = corrections[0], bc2_sqrt = corrections[1];
     const double rate = load_scalar((const void *)lr.ptr, lr.code) * a.lr_scale;
-    T *param = (T *)list.ptr[0][t];
-    const T *grad = (const T *)list.ptr[1][t];
-    T *m1 = (T *)list.ptr[2][t];
-    T *m2 = (T *)list.ptr[3][t];
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
+    T *param = (T *)list.ptr[0][s.t];
+    const T *grad = (const T *)list.ptr[1][s.t];
+    T *m1 = (T *)list.ptr[2][s.t];
+    T *m2 = (T *)list.ptr[3][s.t];
+    for (i64 i = s.begin; i < list.n[s.t]; i += s.step) {
         const A g = Num<T>::load(grad[i]);
         const A w = Num<T>::load(param[i]) * (A)(1.0 - rate * a.weight_decay);
         const A m = (A)a.beta1 * Num<T>::load(m1[i]) + (A)(1.0 - a.beta1) * g;
@@ -133,13 +171,13 @@ __global__ void adamw(TensorList list, AdamArgs a, Flag step, Flag lr, Flag foun
 
 /// g *= inv_scale for every gradient (list 0); found-inf = 1 where a result is inf or NaN.
 template <class T>
-__global__ void unscale_check(TensorList list, Flag inv_scale, Flag found_inf) {
+__global__ void unscale_check(Tensors list, Flag inv_scale, Flag found_inf) {
     typedef typename Num<T>::acc A;
     const A inv = (A)load_scalar((const void *)inv_scale.ptr, inv_scale.code);
-    const int t = blockIdx.y;
-    T *grad = (T *)list.ptr[0][t];
+    const Share s = share_of(list);
+    T *grad = (T *)list.ptr[0][s.t];
     bool bad = false;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
+    for (i64 i = s.begin; i < list.n[s.t]; i += s.step) {
         const A v = Num<T>::load(grad[i]) * inv;
         bad |= !isfinite(v);
         grad[i] = Num<T>::store(v);
@@ -148,21 +186,21 @@ __global__ void unscale_check(TensorList list, Flag inv_scale, Flag found_inf) {
     if (bad) store_scalar((void *)found_inf.ptr, found_inf.code, 1.0);
 }
 
-/// Σ g² over each tensor of list 0, a block's share into partials[t·gridDim.x + blockIdx.x]:
-/// every (tensor, block) of the launch writes its entry, 0 where it had nothing, so the final
-/// sum needs no clearing. The first pass of gradient clipping's global norm.
+/// Σ g² over each tensor of list 0, a block's share into partials[blockIdx.x]: every block of
+/// the launch writes its entry, so the final sum needs no clearing. The first pass of gradient
+/// clipping's global norm.
 template <class T>
-__global__ void __launch_bounds__(256) sum_squares_partial(TensorList list, typename Num<T>::acc *partials) {
+__global__ void __launch_bounds__(256) sum_squares_partial(Tensors list, typename Num<T>::acc *partials) {
     typedef typename Num<T>::acc A;
-    const int t = blockIdx.y;
-    const T *g = (const T *)list.ptr[0][t];
+    const Share s = share_of(list);
+    const T *g = (const T *)list.ptr[0][s.t];
     A sum = 0;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < list.n[t]; i += (i64)gridDim.x * blockDim.x) {
+    for (i64 i = s.begin; i < list.n[s.t]; i += s.step) {
         const A v = Num<T>::load(g[i]);
         sum += v * v;
     }
     sum = block_all(sum, SumOp());
-    if (threadIdx.x == 0) partials[(i64)t * gridDim.x + blockIdx.x] = sum;
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
 /// out[0] = Σ partials[0..n) (one block, in a fixed order: the same bits every run).

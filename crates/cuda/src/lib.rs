@@ -1026,7 +1026,7 @@ impl Backend for CudaBackend {
         let dtype = first_dtype(tensors);
         let slots = self.slots(&[tensors])?;
         let acc = stats_dtype(dtype);
-        let partials = self.alloc(acc, ops::optim::sum_squares_partials(&slots))?;
+        let partials = self.alloc(acc, ops::optim::sum_squares_partials(&slots).max(1))?;
         let out = self.alloc(acc, 1)?;
         let (p, o) = (self.buffer(&partials)?.ptr, self.buffer(&out)?.ptr);
         ops::optim::sum_squares(&*self.gpu, dtype, &slots, p, o)?;

@@ -1184,13 +1184,43 @@ fn a_training_loop_steady_state_allocates_nothing_from_the_device() {
     assert!(stats.device_allocations > 0 && stats.reuses > stats.device_allocations);
 }
 
+/// The multi-tensor tests' AdamW.
+const ADAMW: redline_tensor::AdamWParams = redline_tensor::AdamWParams {
+    lr_scale: 1.0,
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-8,
+    weight_decay: 0.05,
+};
+
+/// The multi-tensor ops' tensor lengths: 600 tensors (a full list of 512 and a second list),
+/// empty ones among them (no blocks: the next tensor owns their first block), and one tensor
+/// `long` elements long.
+fn multi_tensor_lengths(long: usize) -> Vec<usize> {
+    (0..600)
+        .map(|t| match t {
+            7 => long,
+            _ if t % 50 == 3 => 0,
+            _ => 1 + t % 97 * 5,
+        })
+        .collect()
+}
+
+/// An emulated device and its launch counter.
+fn counted_device() -> (Arc<redline_cuda::Emulator>, Device) {
+    let emulator = Arc::new(redline_cuda::Emulator::new().unwrap_or_else(|e| panic!("{e}")));
+    let d = Device::new(Arc::new(CudaBackend::new(emulator.clone())));
+    (emulator, d)
+}
+
 #[test]
 fn the_sum_of_squares_spans_several_lists_and_blocks() {
-    // 40 tensors: two lists of the kernel's 32; the longest takes several blocks.
-    let device = device();
-    let tensors: Vec<Tensor> = (0..40)
-        .map(|t| {
-            let n = if t == 7 { 3000 } else { 1 + t * 5 };
+    // One tensor longer than its 32 blocks cover at once (a grid-stride walk).
+    let (emulator, device) = counted_device();
+    let tensors: Vec<Tensor> = multi_tensor_lengths(9000)
+        .into_iter()
+        .enumerate()
+        .map(|(t, n)| {
             let v: Vec<f32> = (0..n)
                 .map(|i| ((i * 7 + t) % 13) as f32 / 4.0 - 1.5)
                 .collect();
@@ -1203,41 +1233,92 @@ fn the_sum_of_squares_spans_several_lists_and_blocks() {
         .map(|v| f64::from(v) * f64::from(v))
         .sum();
     let all: Vec<&Tensor> = tensors.iter().collect();
-    let got = redline_tensor::optim::sum_squares(&all)
-        .unwrap()
-        .item()
-        .unwrap();
+    let before = emulator.launches();
+    let got = redline_tensor::optim::sum_squares(&all).unwrap();
+    assert_eq!(
+        emulator.launches() - before,
+        3,
+        "a launch per list, then the sum"
+    );
+    let got = got.item().unwrap();
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
 }
 
 #[test]
-fn adamw_spans_several_lists_and_blocks_and_skips_on_overflow() {
-    // 40 tensors (two lists of 32) whose longest takes several blocks, so most of a short
-    // tensor's blocks have nothing to do and leave; four steps (the bias corrections move),
-    // the first and last with found-inf raised (nothing may change; a skipped first launch
-    // once left the emulator sure the kernel had no barrier). Against the reference.
-    let run = |d: &Device| -> Vec<f64> {
-        let make = |t: usize, k: usize| {
-            let n = if t == 7 { 3000 } else { 1 + t * 9 };
-            let v: Vec<f32> = (0..n)
-                .map(|i| ((i * 7 + t * 3 + k) % 13) as f32 / 4.0 - 1.5)
-                .collect();
-            Tensor::from_slice(&v, &[n], d).unwrap()
+fn an_optimizer_step_over_resnet_50s_161_parameters_is_one_launch_per_op() {
+    let (emulator, d) = counted_device();
+    let tensors = |k: f32| -> Vec<Tensor> {
+        (0..161)
+            .map(|t| Tensor::full(f64::from(k), &[1 + t % 7 * 300], DType::F32, &d).unwrap())
+            .collect()
+    };
+    let (params, grads, m1, m2) = (tensors(1.0), tensors(0.5), tensors(0.0), tensors(0.0));
+    let scalar = |v: f64| Tensor::full(v, &[1], DType::F32, &d).unwrap();
+    let (step, lr, found, inv) = (scalar(0.0), scalar(0.01), scalar(0.0), scalar(0.5));
+    fn refs(ts: &[Tensor]) -> Vec<&Tensor> {
+        ts.iter().collect()
+    }
+    let p = ADAMW;
+    let launches = |f: &dyn Fn()| {
+        let before = emulator.launches();
+        f();
+        emulator.launches() - before
+    };
+    let (pr, gr, mr, vr) = (refs(&params), refs(&grads), refs(&m1), refs(&m2));
+    let unscale = || redline_tensor::optim::unscale_check(&gr, &inv, &found).unwrap();
+    assert_eq!(launches(&unscale), 1, "unscale and check");
+    let adamw =
+        || redline_tensor::optim::adamw(&pr, &gr, &mr, &vr, &step, &lr, &p, Some(&found)).unwrap();
+    assert_eq!(
+        launches(&adamw),
+        2,
+        "AdamW: the step count, then the update"
+    );
+    let sgd = || {
+        let q = redline_tensor::SgdParams {
+            lr_scale: 1.0,
+            momentum: 0.9,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
         };
-        let params: Vec<Tensor> = (0..40).map(|t| make(t, 0)).collect();
-        let grads: Vec<Tensor> = (0..40).map(|t| make(t, 5)).collect();
+        redline_tensor::optim::sgd(&pr, &gr, &mr, &step, &lr, &q, Some(&found)).unwrap()
+    };
+    assert_eq!(launches(&sgd), 2, "SGD: the step count, then the update");
+    // And each tensor got its own update: the unscaled gradient (0.25) moved every parameter.
+    for (t, w) in params.iter().enumerate() {
+        let v = w.to_vec::<f32>().unwrap();
+        assert!(v.iter().all(|&x| x < 1.0 && x == v[0]), "tensor {t}: {v:?}");
+    }
+}
+
+#[test]
+fn adamw_spans_several_lists_and_blocks_and_skips_on_overflow() {
+    // 600 tensors (two lists) with empty ones among them, and one longer than its 1,024
+    // blocks cover at once; four steps (the bias corrections move), the first and last with
+    // found-inf raised (nothing may change; a skipped first launch once left the emulator
+    // sure the kernel had no barrier). Against the reference.
+    let run = |d: &Device| -> Vec<f64> {
+        let lengths = multi_tensor_lengths(270_000);
+        let make = |k: usize| -> Vec<Tensor> {
+            lengths
+                .iter()
+                .enumerate()
+                .map(|(t, &n)| {
+                    let v: Vec<f32> = (0..n)
+                        .map(|i| ((i * 7 + t * 3 + k) % 13) as f32 / 4.0 - 1.5)
+                        .collect();
+                    Tensor::from_slice(&v, &[n], d).unwrap()
+                })
+                .collect()
+        };
+        let (params, grads) = (make(0), make(5));
         let zeros = |t: &Tensor| Tensor::zeros(t.shape(), DType::F32, d).unwrap();
         let m1: Vec<Tensor> = params.iter().map(zeros).collect();
         let m2: Vec<Tensor> = params.iter().map(zeros).collect();
         let scalar = |v: f64| Tensor::full(v, &[1], DType::F32, d).unwrap();
         let (step, lr) = (scalar(0.0), scalar(0.01));
-        let p = redline_tensor::AdamWParams {
-            lr_scale: 1.0,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.05,
-        };
+        let p = ADAMW;
         fn refs(ts: &[Tensor]) -> Vec<&Tensor> {
             ts.iter().collect()
         }
@@ -1254,7 +1335,7 @@ fn adamw_spans_several_lists_and_blocks_and_skips_on_overflow() {
     };
     let (got, want) = (run(&device()), run(&Device::reference()));
     assert_eq!(got[0], 2.0, "two applied steps");
-    close(&got, &want, 1e-5, "adamw over 40 tensors");
+    close(&got, &want, 1e-5, "adamw over 600 tensors");
 }
 
 /// The fused cross-entropy cannot stop the stream on a bad label: a kept target outside the

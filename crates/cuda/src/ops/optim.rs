@@ -1,6 +1,7 @@
 //! Launchers of `kernels/optim.cu`: multi-tensor SGD and AdamW, unscale-and-check, and the
 //! GradScaler update. Tensors go to the kernels in lists of up to [`LIST_MAX`] by value, one
-//! launch per list; scalars (found-inf, step, scale, growth tracker) stay on the device.
+//! launch per list over a flat grid (each tensor gets the blocks its length needs); scalars
+//! (found-inf, step, scale, growth tracker) stay on the device.
 
 use redline_tensor::{AdamWParams, DType, Result, ScalerParams, SgdParams};
 
@@ -8,8 +9,13 @@ use crate::gpu::{DevicePtr, Gpu, KernelArgs, LaunchShape};
 use crate::kernels;
 use crate::ops::THREADS;
 
-/// Tensors per launch (`LIST_MAX` in `kernels/optim.cu`).
-pub const LIST_MAX: usize = 32;
+/// Tensors per launch (`LIST_MAX` in `kernels/optim.cu`): a list of 512 is 22,536 bytes of
+/// kernel parameters, within the 32,764 CUDA 12.1 allows, so ResNet-50's 161 parameters are
+/// one launch per op.
+pub const LIST_MAX: usize = 512;
+
+/// The most blocks an update gives one tensor; longer tensors are walked grid-stride.
+const UPDATE_BLOCKS: usize = 1024;
 
 /// One tensor of an update: up to four storages of `len` elements (param, grad, states).
 #[derive(Debug, Clone, Copy)]
@@ -37,15 +43,26 @@ fn doubles(args: KernelArgs, values: &[f64]) -> KernelArgs {
     args.f64s(values)
 }
 
-/// The kernels' `TensorList` for up to LIST_MAX slots.
-fn list(slots: &[Slot]) -> Vec<u8> {
-    let mut ptrs = [[0u64; LIST_MAX]; 4];
+/// The blocks a tensor of `len` elements gets: one per THREADS elements, at most `most`.
+fn blocks_for(len: usize, most: usize) -> usize {
+    len.div_ceil(THREADS as usize).min(most)
+}
+
+/// The kernels' `TensorList` for up to LIST_MAX slots, each given [`blocks_for`] its length
+/// (at most `most`) in a flat grid; returns its bytes and the grid's blocks.
+fn list(slots: &[Slot], most: usize) -> (Vec<u8>, usize) {
+    debug_assert!(slots.len() <= LIST_MAX);
+    let mut ptrs = vec![[0u64; LIST_MAX]; 4];
     let mut lens = [0i64; LIST_MAX];
+    let mut first_block = [0i32; LIST_MAX];
+    let mut blocks = 0;
     for (t, slot) in slots.iter().enumerate() {
         for (k, p) in slot.ptrs.iter().enumerate() {
             ptrs[k][t] = p.0;
         }
         lens[t] = slot.len as i64;
+        first_block[t] = blocks as i32;
+        blocks += blocks_for(slot.len, most);
     }
     let mut bytes: Vec<u8> = ptrs
         .iter()
@@ -53,10 +70,13 @@ fn list(slots: &[Slot]) -> Vec<u8> {
         .flat_map(|p| p.to_ne_bytes())
         .collect();
     bytes.extend(lens.iter().flat_map(|n| n.to_ne_bytes()));
-    bytes
+    bytes.extend(first_block.iter().flat_map(|b| b.to_ne_bytes()));
+    bytes.extend((slots.len() as i32).to_ne_bytes());
+    bytes.extend(0i32.to_ne_bytes());
+    (bytes, blocks)
 }
 
-/// Launches `kernel` once per list of up to LIST_MAX slots: block row y walks slot y.
+/// Launches `kernel` once per list of up to LIST_MAX slots, over the list's flat grid.
 fn per_list(
     gpu: &dyn Gpu,
     kernel: &str,
@@ -64,17 +84,12 @@ fn per_list(
     tail: impl Fn(KernelArgs) -> KernelArgs,
 ) -> Result<()> {
     for chunk in slots.chunks(LIST_MAX) {
-        let longest = chunk.iter().map(|s| s.len).max().unwrap_or(0);
-        if longest == 0 {
+        let (bytes, blocks) = list(chunk, UPDATE_BLOCKS);
+        if blocks == 0 {
             continue;
         }
-        let blocks = longest.div_ceil(THREADS as usize).clamp(1, 1024) as u32;
-        let shape = LaunchShape {
-            grid: [blocks, chunk.len() as u32, 1],
-            block: [THREADS, 1, 1],
-        };
-        let args = tail(KernelArgs::new().bytes(&list(chunk)));
-        gpu.launch(kernel, shape, &args)?;
+        let shape = LaunchShape::linear(blocks as u32, THREADS);
+        gpu.launch(kernel, shape, &tail(KernelArgs::new().bytes(&bytes)))?;
     }
     Ok(())
 }
@@ -148,21 +163,18 @@ pub fn unscale_check(
 /// The most blocks per tensor in the first pass of [`sum_squares`].
 pub const SQUARES_BLOCKS: usize = 32;
 
-/// Blocks per tensor in the first pass of [`sum_squares`] over `slots`: enough for the longest.
-fn squares_blocks(slots: &[Slot]) -> usize {
-    let longest = slots.iter().map(|s| s.len).max().unwrap_or(0);
-    longest.div_ceil(THREADS as usize).clamp(1, SQUARES_BLOCKS)
-}
-
-/// How many partial sums [`sum_squares`] writes for `slots` (its scratch buffer's length).
+/// How many partial sums [`sum_squares`] writes for `slots`: one per block of its first pass.
 pub fn sum_squares_partials(slots: &[Slot]) -> usize {
-    slots.len().max(1) * squares_blocks(slots)
+    slots
+        .iter()
+        .map(|s| blocks_for(s.len, SQUARES_BLOCKS))
+        .sum()
 }
 
 /// Σ x² over every slot's first storage into the one-element `out` (of `dtype`'s accumulation
-/// type): per list, a block per (tensor, share) writes a partial into `partials`
-/// ([`sum_squares_partials`] long, tensor after tensor: every entry written); one block then
-/// sums them all.
+/// type): per list, each block of the flat grid writes its partial into `partials`
+/// ([`sum_squares_partials`] long, list after list: every entry written); one block then sums
+/// them all, in a fixed order.
 pub fn sum_squares(
     gpu: &dyn Gpu,
     dtype: DType,
@@ -172,20 +184,18 @@ pub fn sum_squares(
 ) -> Result<()> {
     let kernel = kernels::optim("sum_squares_partial", dtype);
     let acc = redline_tensor::stats_dtype(dtype);
-    let blocks = squares_blocks(slots);
-    for (i, chunk) in slots.chunks(LIST_MAX).enumerate() {
-        let shape = LaunchShape {
-            grid: [blocks as u32, chunk.len() as u32, 1],
-            block: [THREADS, 1, 1],
-        };
-        let at = partials.offset(i * LIST_MAX * blocks * acc.size());
-        let args = KernelArgs::new().bytes(&list(chunk)).ptr(at);
-        gpu.launch(&kernel, shape, &args)?;
+    let mut written = 0;
+    for chunk in slots.chunks(LIST_MAX) {
+        let (bytes, blocks) = list(chunk, SQUARES_BLOCKS);
+        if blocks == 0 {
+            continue;
+        }
+        let at = partials.offset(written * acc.size());
+        let args = KernelArgs::new().bytes(&bytes).ptr(at);
+        gpu.launch(&kernel, LaunchShape::linear(blocks as u32, THREADS), &args)?;
+        written += blocks;
     }
-    let args = KernelArgs::new()
-        .ptr(partials)
-        .i64(sum_squares_partials(slots) as i64)
-        .ptr(out);
+    let args = KernelArgs::new().ptr(partials).i64(written as i64).ptr(out);
     let sum = format!("sum_partials<{}>", kernels::ctype(acc));
     gpu.launch(&sum, LaunchShape::linear(1, THREADS), &args)
 }
