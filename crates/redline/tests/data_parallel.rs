@@ -1,8 +1,9 @@
 //! `redline-train` as a data-parallel job: two processes started with torchrun's variables
 //! train a ResNet-18 on the CPU over the TCP collective (with synchronised batch norm and
 //! gradient accumulation, or without), rank 0 alone writes the checkpoint and
-//! the report, and that checkpoint resumes in a single process (the position rescaled to the
-//! new world size).
+//! the report, and that checkpoint resumes in a single process or in three (an epoch's
+//! checkpoint is at the next epoch's start, which any world size continues) — with the seed it
+//! was trained with, or not at all.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -38,14 +39,15 @@ fn succeeded(out: &Output, who: &str) -> String {
     stderr
 }
 
-/// Starts ranks 0 and 1 of a two-process job with `extra` arguments; returns their stderr.
-fn two_ranks(dir: &Path, extra: &[&str]) -> [String; 2] {
+/// Starts the `world` ranks of a job with `extra` arguments, each writing `{prefix}{rank}.json`;
+/// returns their stderr.
+fn job(dir: &Path, world: usize, prefix: &str, extra: &[&str]) -> Vec<String> {
     let port = free_port().to_string();
-    let ranks: Vec<_> = (0..2)
+    let ranks: Vec<_> = (0..world)
         .map(|rank| {
-            train(dir, &format!("rank{rank}.json"), extra)
+            train(dir, &format!("{prefix}{rank}.json"), extra)
                 .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", "2")
+                .env("WORLD_SIZE", world.to_string())
                 .env("LOCAL_RANK", rank.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
@@ -55,14 +57,17 @@ fn two_ranks(dir: &Path, extra: &[&str]) -> [String; 2] {
                 .unwrap()
         })
         .collect();
-    let outputs: Vec<Output> = ranks
+    ranks
         .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
-    [
-        succeeded(&outputs[0], "rank 0"),
-        succeeded(&outputs[1], "rank 1"),
-    ]
+        .enumerate()
+        .map(|(rank, c)| succeeded(&c.wait_with_output().unwrap(), &format!("rank {rank}")))
+        .collect()
+}
+
+/// Ranks 0 and 1 of a two-process job (reports `rank0.json`, `rank1.json`).
+fn two_ranks(dir: &Path, extra: &[&str]) -> [String; 2] {
+    let out = job(dir, 2, "rank", extra);
+    [out[0].clone(), out[1].clone()]
 }
 
 fn synthetic(dir: &Path) {
@@ -122,7 +127,7 @@ fn an_accumulation_longer_than_an_epoch_is_refused_naming_it() {
 }
 
 #[test]
-fn two_ranks_train_and_their_checkpoint_resumes_in_one_process() {
+fn two_ranks_train_and_their_checkpoint_resumes_in_one_process_or_three() {
     let dir = tempfile::tempdir().unwrap();
     synthetic(dir.path());
     let [lead, _] = two_ranks(dir.path(), &["--epochs", "1"]);
@@ -138,15 +143,27 @@ fn two_ranks_train_and_their_checkpoint_resumes_in_one_process() {
     println!("2 ranks: {}", report["history"][0]);
     let checkpoint = dir.path().join("checkpoints/epoch0.safetensors");
     assert!(checkpoint.exists());
+    let resume = ["--epochs", "2", "--resume", checkpoint.to_str().unwrap()];
 
-    let out = train(dir.path(), "resumed.json", &["--epochs", "2", "--resume"])
-        .arg(&checkpoint)
-        .output()
-        .unwrap();
+    // Another seed would change the data order: refused, naming both.
+    let out = train(
+        dir.path(),
+        "reseeded.json",
+        &[&resume[..], &["--seed", "3"]].concat(),
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("trained with --seed 0, and this run has --seed 3"),
+        "{stderr}"
+    );
+
+    let out = train(dir.path(), "resumed.json", &resume).output().unwrap();
     let stderr = succeeded(&out, "the resumed single process");
-    // After 4 steps of 2 × 4 images the job had consumed 32 samples: the whole epoch, so one
-    // process continues at the start of epoch 1.
-    assert!(stderr.contains("step 4, epoch 0, sample 32"), "{stderr}");
+    // The epoch's checkpoint is at the next epoch's start: one process continues there.
+    assert!(stderr.contains("step 4, epoch 1, sample 0"), "{stderr}");
     let resumed: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("resumed.json")).unwrap())
             .unwrap();
@@ -155,4 +172,27 @@ fn two_ranks_train_and_their_checkpoint_resumes_in_one_process() {
         .map(|h| h["epoch"].as_u64().unwrap())
         .collect();
     assert_eq!(epochs, [1], "{steps}");
+
+    // So do three, though 3 does not divide the 32 samples the two ranks consumed (a
+    // checkpoint of the epoch's last position would be refused: no equal shares of 32).
+    let three = job(dir.path(), 3, "three", &resume);
+    assert!(
+        three[0].contains("step 4, epoch 1, sample 0"),
+        "{}",
+        three[0]
+    );
+    let resumed: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("three0.json")).unwrap())
+            .unwrap();
+    assert_eq!(resumed["world"], 3);
+    // ceil(32 / 3) = 11 images per rank, 2 steps of 4 an epoch: the one-cycle schedule goes
+    // on from the end of epoch 0 in those steps (step 2 of 4), not from step 4 (its end,
+    // where the job would stop at once).
+    assert!(
+        three[0].contains("the schedule continues at step 2 of 4"),
+        "{}",
+        three[0]
+    );
+    assert_eq!(resumed["history"][0]["epoch"], 1);
+    assert_eq!(resumed["history"][0]["steps"]["steps"], 2, "{resumed}");
 }

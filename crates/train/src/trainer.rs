@@ -363,6 +363,17 @@ impl Trainer {
         self.position
     }
 
+    /// Ends the loader's epoch (any batches left, fewer than a step takes, are skipped): the
+    /// position becomes the next epoch's start. A checkpoint saved there resumes on any
+    /// number of processes, where one saved mid-epoch needs a world size that divides the
+    /// samples consumed ([`Position::reshard`]).
+    pub fn end_epoch(&mut self) {
+        self.position = Position {
+            epoch: self.position.epoch + 1,
+            index: 0,
+        };
+    }
+
     /// Every tensor a checkpoint holds: the state dict (torchvision names), then
     /// `optimizer.*` and `scaler.*`.
     pub fn checkpoint_tensors(&self) -> Vec<(String, Tensor)> {
@@ -464,6 +475,15 @@ impl Trainer {
     /// PyTorch's scheduler does when its `step()` follows `scaler.step()`).
     pub fn steps(&self) -> usize {
         self.steps
+    }
+
+    /// Sets [`steps`](Self::steps), where the schedule continues. A job resumed on another
+    /// number of processes takes another number of steps per epoch (each sees another global
+    /// batch), so its schedule continues from the same share of training, not the same step
+    /// count. The optimizer's own step counts (bias corrections, momentum's first step) are
+    /// its checkpointed state and stay.
+    pub fn set_steps(&mut self, steps: usize) {
+        self.steps = steps;
     }
 
     /// The learning rate of the next step.

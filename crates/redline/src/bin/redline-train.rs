@@ -16,8 +16,9 @@
 //! images per step (the global batch is `--batch × WORLD_SIZE`, and the default learning rate
 //! follows it), gradients are averaged across processes during backward, evaluation is
 //! sharded (each validation image on one process, the figures summed), and rank 0 alone
-//! prints progress and writes checkpoints and the report. A checkpoint resumes on any number of
-//! processes with the data order unchanged (the position is rescaled).
+//! prints progress and writes checkpoints and the report. An epoch's checkpoint (at the next
+//! epoch's start) resumes on any number of processes with the data order unchanged and the
+//! schedule going on from the same share of training, given the same `--seed`.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -231,6 +232,16 @@ fn run() -> Res<()> {
     }
     if let Some(ckpt) = &cli.resume {
         let progress = trainer.load_resharded(ckpt, Mode::Random)?;
+        if progress.seed != seed {
+            return Err(format!(
+                "{}: trained with --seed {}, and this run has --seed {seed}: the data order \
+                 would change (pass --seed {} to continue it)",
+                ckpt.display(),
+                progress.seed,
+                progress.seed
+            )
+            .into());
+        }
         eprintln!(
             "resumed {}: step {}, epoch {}, sample {}",
             ckpt.display(),
@@ -238,6 +249,19 @@ fn run() -> Res<()> {
             progress.epoch,
             progress.index
         );
+        // The schedule goes on from the share of training done, in this job's steps (another
+        // world size takes another number a step per epoch).
+        let here = progress.epoch as usize * steps_per_epoch
+            + progress.index as usize / batch / accumulate;
+        if here != trainer.steps() {
+            trainer.set_steps(here);
+            if lead {
+                eprintln!(
+                    "  the schedule continues at step {here} of {total} ({steps_per_epoch} \
+                     steps per epoch on {world} process(es))"
+                );
+            }
+        }
     }
     // FFCV's ramp: the last ~30% of training, ending one epoch before the end.
     let (ramp_start, ramp_end) = ((epochs * 6) / 10, epochs.saturating_sub(1).max(1));
@@ -302,6 +326,8 @@ fn run() -> Res<()> {
             }
         }
         times.extend(trainer.take_times()?);
+        // The epoch's checkpoint resumes at the next epoch's start, on any number of processes.
+        trainer.end_epoch();
         if lead {
             eprintln!();
         }
