@@ -284,7 +284,7 @@ fn run() -> Res<()> {
         "stream_gb_per_s": stream_gb_per_s,
         "device_memory": device_memory,
         "ops": ops.to_json(),
-        "graph": graph_json(trainer.graph_stats()),
+        "graph": trainer.graph_stats().to_json(),
     });
     for (k, v) in extra.as_object().into_iter().flatten() {
         report[k] = v.clone();
@@ -341,20 +341,4 @@ fn peak_rss() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
-}
-
-/// The report's `graph`: whether the measured steps replayed a captured graph, its size, and
-/// the eager steps with their reason (the eager fallback, reported as such).
-fn graph_json(stats: &redline_train::GraphStats) -> serde_json::Value {
-    json!({
-        "requested": stats.requested,
-        "active": stats.replays > 0,
-        "nodes": stats.nodes,
-        "replays": stats.replays,
-        "captures": stats.captures,
-        "eager_steps_after_warmup": stats.eager_steps,
-        "eager_reason": stats.eager_reason,
-        "phases": "under a graph the forward phase holds the whole replayed step (forward, \
-                   backward, optimizer)",
-    })
 }

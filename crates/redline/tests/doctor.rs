@@ -131,12 +131,15 @@ fn the_doctor_reads_a_real_wgpu_training_run() {
     // An asynchronous device: host time only times the enqueueing, and the report says so.
     assert_eq!(ops["clock"], "host timer (enqueue only)", "{ops}");
     assert!(ops["device_ms_per_step"].is_null());
-    // The phase clock's read of each step's timestamps is a wait the profile sees.
+    // The phase clock's read of each step's timestamps is a wait the profile sees, by name
+    // (the run counts ops without --profile-ops' detail).
     let blocking = ops["blocking_calls"].as_array().unwrap();
     assert!(
-        blocking.iter().any(|b| b["call"] == "blocking"),
+        blocking.iter().any(|b| b["call"] == "read_timestamps"),
         "{blocking:?}"
     );
+    // And the doctor names it.
+    assert!(text.contains("read_timestamps ×"), "{text}");
     // Launch overhead is judged; memory access needs device time per op.
     assert!(["holds", "clear"].contains(&status(&d, "many short kernels, host-bound")));
     assert_eq!(status(&d, "memory access"), "not measured");

@@ -701,9 +701,17 @@ mod tests {
             "{}",
             f.fix
         );
-        // A run that already replays a graph is told to shrink it instead.
+        // A run that already replays a graph is told to shrink it instead: the `graph` as
+        // bench and train reports write it.
         let mut r = report("cuda", 0.0, ops);
-        r["graph"] = json!({"active": true, "nodes": 900});
+        let stats = crate::GraphStats {
+            requested: true,
+            nodes: 900,
+            replays: 40,
+            captures: 1,
+            ..Default::default()
+        };
+        r["graph"] = stats.to_json();
         let d = diagnose(&r).unwrap();
         let f = d.finding(Bottleneck::Launches);
         assert!(

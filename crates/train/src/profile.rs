@@ -15,7 +15,8 @@
 //! CPU backend) it is the op's time, exactly; on an asynchronous device it is the time spent
 //! issuing it — the launch overhead a CUDA graph removes. Calls that block the host until the
 //! device catches up (`synchronize`, `download`, `read_timestamps`) are kept apart as
-//! [`OpKind::Blocking`]: the synchronisations `cargo xtask doctor` looks for.
+//! [`OpKind::Blocking`]: the synchronisations `cargo xtask doctor` looks for, each under its
+//! own name even without the detail.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -196,7 +197,9 @@ impl OpProfile {
         let spent = start.elapsed();
         let after = before.and_then(|_| self.stamp());
         let done = done(&out);
-        let label: Cow<'static, str> = if self.detail {
+        // Blocking calls keep their names always: they are few, and the doctor names the
+        // wait it finds.
+        let label: Cow<'static, str> = if self.detail || kind == OpKind::Blocking {
             label(done).into()
         } else {
             kind.name().into()
@@ -1002,10 +1005,15 @@ mod tests {
         let (device, profile) = OpProfile::wrap(cpu(), false);
         assert_eq!(some_ops(&device), 2.0 * (1..500).sum::<i32>() as f64);
         let rows = profile.rows();
-        // Without detail there is a row per kind, named after it.
+        // Without detail there is a row per kind, named after it — but a blocking call keeps
+        // its name, which the doctor reports.
         let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
-        for label in &labels {
-            assert!(OpKind::ALL.iter().any(|k| k.name() == *label), "{labels:?}");
+        for row in &rows {
+            let named = match row.kind {
+                OpKind::Blocking => row.label == "download",
+                kind => row.label == kind.name(),
+            };
+            assert!(named, "{labels:?}");
         }
         let p = StepProfile::new(&rows, 2, true, false, false);
         let kind = |k: OpKind| *p.kinds.iter().find(|r| r.0 == k).unwrap();
@@ -1029,7 +1037,7 @@ mod tests {
         assert_eq!(p.blocking.len(), 1);
         assert_eq!(
             (p.blocking[0].0.as_str(), p.blocking[0].1),
-            ("blocking", 0.5)
+            ("download", 0.5)
         );
         assert_eq!(p.clock, "host timer (ops run synchronously)");
         assert_eq!(p.device_ms, Some(p.host_issue_ms));

@@ -129,6 +129,25 @@ pub struct GraphStats {
     pub eager_reason: Option<String>,
 }
 
+impl GraphStats {
+    /// The reports' `graph`, bench and train alike: whether the steps replayed a captured
+    /// graph (`active`, which `cargo xtask doctor` reads with `nodes`), its size, and the
+    /// eager steps with their reason (the eager fallback, reported as such).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "requested": self.requested,
+            "active": self.replays > 0,
+            "nodes": self.nodes,
+            "replays": self.replays,
+            "captures": self.captures,
+            "eager_steps_after_warmup": self.eager_steps,
+            "eager_reason": self.eager_reason,
+            "phases": "under a graph the forward phase holds the whole replayed step (forward, \
+                       backward, optimizer)",
+        })
+    }
+}
+
 /// What a rank of a data-parallel job adds to a trainer.
 struct Ranked {
     reducer: DataParallel,

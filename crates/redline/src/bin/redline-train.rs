@@ -367,12 +367,7 @@ fn run() -> Res<()> {
         "batch": batch, "accumulate": accumulate, "epochs": epochs, "lr": lr, "resolution": res, "min_resolution": min_res,
         "final_val_top1": last["val_top1"], "final_val_top5": last["val_top5"],
         "seconds": started.elapsed().as_secs_f64(), "history": history,
-        "graph": {
-            "requested": cli.graph, "captures": trainer.graph_stats().captures,
-            "replays": trainer.graph_stats().replays, "nodes": trainer.graph_stats().nodes,
-            "eager_steps_after_warmup": trainer.graph_stats().eager_steps,
-            "eager_reason": trainer.graph_stats().eager_reason,
-        },
+        "graph": trainer.graph_stats().to_json(),
     });
     if !lead {
         return Ok(());
