@@ -97,6 +97,9 @@ pub struct CudaBackend {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TransferStats {
     pub uploads: u64,
+    /// Uploads from a host-memory pool's buffer (pinned where the GPU supplies the pool: an
+    /// asynchronous copy), rather than from a vector the copy must stage first.
+    pub pooled_uploads: u64,
     pub downloads: u64,
     pub synchronizations: u64,
 }
@@ -104,8 +107,18 @@ pub struct TransferStats {
 #[derive(Debug, Default)]
 struct Counters {
     uploads: AtomicU64,
+    pooled_uploads: AtomicU64,
     downloads: AtomicU64,
     synchronizations: AtomicU64,
+}
+
+impl Counters {
+    fn upload(&self, bytes: &HostBytes) {
+        self.uploads.fetch_add(1, Ordering::Relaxed);
+        if let HostBytes::Pooled(..) = bytes {
+            self.pooled_uploads.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl fmt::Debug for CudaBackend {
@@ -142,6 +155,7 @@ impl CudaBackend {
         let t = &self.transfers;
         TransferStats {
             uploads: t.uploads.load(Ordering::Relaxed),
+            pooled_uploads: t.pooled_uploads.load(Ordering::Relaxed),
             downloads: t.downloads.load(Ordering::Relaxed),
             synchronizations: t.synchronizations.load(Ordering::Relaxed),
         }
@@ -395,7 +409,7 @@ impl Backend for CudaBackend {
             )));
         }
         let out = self.alloc(dtype, len)?;
-        self.transfers.uploads.fetch_add(1, Ordering::Relaxed);
+        self.transfers.upload(&bytes);
         self.gpu.upload_owned(self.buffer(&out)?.ptr, bytes)?;
         Ok(out)
     }
@@ -406,7 +420,7 @@ impl Backend for CudaBackend {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.transfers.uploads.fetch_add(1, Ordering::Relaxed);
+        self.transfers.upload(&bytes);
         // Into the same allocation, on the stream: ordered after the ops that read the old
         // values, and `bytes` is kept until the copy is done (as `upload`).
         self.gpu.upload_owned(self.buffer(dst)?.ptr, bytes)
@@ -476,7 +490,7 @@ impl Backend for CudaBackend {
         if bytes.is_empty() {
             return Ok(Event::reached());
         }
-        self.transfers.uploads.fetch_add(1, Ordering::Relaxed);
+        self.transfers.upload(&bytes);
         let done = self
             .gpu
             .upload_owned_after(self.buffer(dst)?.ptr, bytes, after)?;

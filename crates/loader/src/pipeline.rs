@@ -180,9 +180,15 @@ impl Batch {
 
     /// The labels (-1 for a skipped sample).
     pub fn labels(&self) -> impl Iterator<Item = i64> + '_ {
-        self.buffer[self.labels_at..self.labels_at + self.len * 8]
+        self.buffer[self.label_bytes()]
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
+    }
+
+    /// Where the labels lie in the buffer ([`into_buffer`](Self::into_buffer)): `len`
+    /// little-endian i64.
+    pub fn label_bytes(&self) -> std::ops::Range<usize> {
+        self.labels_at..self.labels_at + self.len * 8
     }
 
     /// Hands the buffer on (to a device upload that returns it to the pool when done).

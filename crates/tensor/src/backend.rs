@@ -26,7 +26,7 @@
 use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 
 use redline_hostmem::{HostAllocator, PooledBuffer};
@@ -149,9 +149,10 @@ pub fn batch_norm_stats_coef_composed<B: Backend + ?Sized>(
 /// Host bytes handed to [`Backend::upload`], owned by the backend until the copy has completed.
 #[derive(Debug)]
 pub enum HostBytes {
-    /// A buffer from a `redline-hostmem` pool (pinned on CUDA) and how many of its bytes are used;
-    /// it returns to its pool when the backend drops it after the copy.
-    Pooled(PooledBuffer, usize),
+    /// A range of a buffer from a `redline-hostmem` pool (pinned on CUDA), which several copies
+    /// may share (a batch's pixels and its labels); it returns to its pool when the last
+    /// backend holding it drops it after its copy.
+    Pooled(Arc<PooledBuffer>, Range<usize>),
     Owned(Vec<u8>),
 }
 
@@ -159,7 +160,10 @@ impl Deref for HostBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            HostBytes::Pooled(buffer, used) => &buffer[..(*used).min(buffer.len())],
+            HostBytes::Pooled(buffer, range) => {
+                let end = range.end.min(buffer.len());
+                &buffer[range.start.min(end)..end]
+            }
             HostBytes::Owned(bytes) => bytes,
         }
     }

@@ -162,7 +162,13 @@ fn uploads_return_pooled_buffers_when_the_copy_is_done() {
     let pool = BufferPool::page_aligned(1, 16).unwrap();
     let mut buffer = pool.acquire().unwrap();
     buffer[..4].copy_from_slice(&[1, 2, 3, 4]);
-    let x = Tensor::upload(HostBytes::Pooled(buffer, 4), DType::U8, &[4], &dev).unwrap();
+    let x = Tensor::upload(
+        HostBytes::Pooled(std::sync::Arc::new(buffer), 0..4),
+        DType::U8,
+        &[4],
+        &dev,
+    )
+    .unwrap();
     dev.synchronize().unwrap();
     assert_eq!(
         pool.stats().available,

@@ -524,22 +524,24 @@ impl Trainer {
     /// The batch's pixels and labels copied into the static buffers (no op on them yet).
     fn stage(&self, batch: Batch) -> Result<StagedBatch> {
         let (n, res) = (batch.len, batch.res);
-        let labels: Vec<i64> = batch.labels().collect();
-        let pixels = n * res * res * 3;
-        let (images, y, read) = self.staged(n, res)?;
-        // On CUDA the pixels travel on the copy stream, behind the last step's input op only;
-        // the compute stream waits for the copy on the device.
-        let after = read.unwrap_or_else(Event::reached);
-        let copied =
-            images.copy_from_host_after(HostBytes::Pooled(batch.into_buffer(), pixels), &after)?;
-        self.device.wait_event(&copied)?;
-        let label_bytes = labels.iter().flat_map(|l| l.to_le_bytes()).collect();
-        y.copy_from_host(HostBytes::Owned(label_bytes))?;
         // Samples the loader skipped carry -1. A device that compares i64 always masks them,
         // so no step depends on what a batch holds; one that does not (wgpu) masks only the
         // batches that need it, known here on the host.
         let masks = (self.device.backend()).supports(Op::Binary(BinaryOp::Ne), DType::I64);
-        let ignore_index = (masks || labels.iter().any(|&l| l < 0)).then_some(-1);
+        let ignore_index = (masks || batch.labels().any(|l| l < 0)).then_some(-1);
+        let labels = batch.label_bytes();
+        let pixels = n * res * res * 3;
+        let (images, y, read) = self.staged(n, res)?;
+        // Both copies read the loader's (pinned) buffer, which goes back to its pool when the
+        // later is done. On CUDA the pixels travel on the copy stream, behind the last step's
+        // input op only, and the compute stream waits for them on the device; the labels, a
+        // few bytes the last step's loss may still read, on the compute stream in its order.
+        let buffer = Arc::new(batch.into_buffer());
+        let after = read.unwrap_or_else(Event::reached);
+        let copied =
+            images.copy_from_host_after(HostBytes::Pooled(buffer.clone(), 0..pixels), &after)?;
+        self.device.wait_event(&copied)?;
+        y.copy_from_host(HostBytes::Pooled(buffer, labels))?;
         Ok(StagedBatch {
             images,
             y,

@@ -436,7 +436,7 @@ fn a_checkpoint_of_another_model_or_a_damaged_file_is_refused_naming_what() {
 fn on_a_device_with_a_clock_step_times_arrive_two_steps_late() {
     // The CUDA backend on its host emulator: phases timed by its events and read TIMES_LAG
     // steps late (a read of the step just issued would drain the queue), with no
-    // synchronisation anywhere in the steps.
+    // synchronisation anywhere in the steps and every batch copied from the loader's buffer.
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = synth(dir.path(), 48);
     let backend = Arc::new(redline_cuda::CudaBackend::emulated().unwrap());
@@ -467,6 +467,9 @@ fn on_a_device_with_a_clock_step_times_arrive_two_steps_late() {
     }
     let after = backend.transfer_stats();
     assert_eq!(after.synchronizations, before.synchronizations);
+    // Each step's pixels and labels both leave from the loader's pooled (on a GPU, pinned)
+    // buffer: no label vector staged through pageable memory.
+    assert_eq!(after.pooled_uploads - before.pooled_uploads, 2 * 5);
     let rest = trainer.take_times().unwrap();
     assert_eq!(rest.len(), redline_train::TIMES_LAG);
     assert!(trainer.take_times().unwrap().is_empty());
