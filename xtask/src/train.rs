@@ -54,6 +54,9 @@ pub struct TrainArgs {
     /// With --nproc: batch norm statistics over every process's batch (synchronised).
     #[arg(long)]
     sync_bn: bool,
+    /// With --nproc: gradients averaged in buckets of this many MiB (DDP's bucket_cap_mb).
+    #[arg(long)]
+    bucket_mb: Option<f64>,
     /// Replay the training step as a captured CUDA graph after a warm-up.
     #[arg(long)]
     graph: bool,
@@ -95,6 +98,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         ("--precision", args.precision.clone()),
         ("--device", args.device.clone()),
         ("--accumulate", Some(args.accumulate.to_string())),
+        ("--bucket-mb", args.bucket_mb.map(|v| v.to_string())),
     ];
     for (flag, value) in options {
         if let Some(v) = value {

@@ -85,7 +85,15 @@ fn synthetic(dir: &Path) {
 fn two_ranks_with_synchronised_batch_norm_and_gradient_accumulation_train_a_resnet() {
     let dir = tempfile::tempdir().unwrap();
     synthetic(dir.path());
-    let extra = ["--epochs", "1", "--sync-bn", "--accumulate", "2"];
+    let extra = [
+        "--epochs",
+        "1",
+        "--sync-bn",
+        "--accumulate",
+        "2",
+        "--bucket-mb",
+        "1",
+    ];
     let [lead, _] = two_ranks(dir.path(), &extra);
     assert!(lead.contains("rank 0 of 2 (data parallel"), "{lead}");
     let report: Value =
@@ -96,6 +104,11 @@ fn two_ranks_with_synchronised_batch_norm_and_gradient_accumulation_train_a_resn
         (Some(2), Some(2))
     );
     assert!(report["final_val_top1"].as_f64().is_some(), "{report}");
+    // ResNet-18's 45 MB of f32 gradients in buckets of 1 MiB (a tensor larger than a bucket
+    // goes alone; DDP's 25 MiB makes 2 or 3).
+    let buckets = &report["data_parallel"];
+    assert_eq!(buckets["bucket_bytes"], 1 << 20, "{buckets}");
+    assert!(buckets["buckets"].as_u64().unwrap() >= 15, "{buckets}");
     // 16 images per rank in batches of 4: 2 optimizer steps of 2 batches (8 images) each.
     let steps = &report["history"][0]["steps"];
     assert_eq!(
@@ -106,7 +119,7 @@ fn two_ranks_with_synchronised_batch_norm_and_gradient_accumulation_train_a_resn
 }
 
 #[test]
-fn an_accumulation_longer_than_an_epoch_is_refused_naming_it() {
+fn an_accumulation_longer_than_an_epoch_or_an_empty_bucket_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     synthetic(dir.path());
     for k in ["0", "9"] {
@@ -124,6 +137,21 @@ fn an_accumulation_longer_than_an_epoch_is_refused_naming_it() {
             "{stderr}"
         );
     }
+    for mb in ["0", "-2", "NaN"] {
+        let out = train(
+            dir.path(),
+            "refused.json",
+            &["--epochs", "1", "--bucket-mb", mb],
+        )
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--bucket-mb {mb} ran: {stderr}");
+        assert!(
+            stderr.contains("a bucket needs at least a byte"),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]
@@ -138,6 +166,8 @@ fn two_ranks_train_and_their_checkpoint_resumes_in_one_process_or_three() {
             .unwrap();
     assert!(!dir.path().join("rank1.json").exists());
     assert_eq!(report["world"], 2);
+    assert_eq!(report["data_parallel"]["bucket_bytes"], 25 << 20);
+    assert!(report["data_parallel"]["buckets"].as_u64().unwrap() <= 3);
     // 32 training images, 16 per rank: 4 steps of 4 images each.
     let steps = &report["history"][0]["steps"];
     println!("2 ranks: {}", report["history"][0]);

@@ -1,6 +1,7 @@
 //! `redline-train --data DIR [--model resnet18|34|50] [--res R] [--min-res R] [--batch B]
 //! [--epochs E] [--lr LR] [--wd WD] [--precision fp32|fp16|bf16] [--device NAME]
-//! [--workers N] [--seed S] [--resume CKPT] [--checkpoints DIR] [--json PATH]` (or
+//! [--workers N] [--seed S] [--resume CKPT] [--checkpoints DIR] [--json PATH] [--sync-bn]
+//! [--bucket-mb MB] [--graph] [--accumulate K]` (or
 //! `redline-train --list-devices`, best first): real
 //! training on `DIR/train` with evaluation on `DIR/val` after every epoch and a checkpoint
 //! after every epoch (`cargo xtask train` converts an ImageFolder tree first and drives it).
@@ -28,7 +29,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use redline::registry::{self, Kind};
-use redline_dist::{Launch, DEFAULT_BUCKET_BYTES};
+use redline_dist::Launch;
 use redline_loader::{Config, Loader, Mode, Position, Uneven};
 use redline_nn::{decay_groups, ResNet, ResNetConfig, Schedule, Sgd};
 use redline_shard::ShardSet;
@@ -108,6 +109,10 @@ struct Cli {
     /// run eagerly and the report's `graph` says why.
     #[arg(long)]
     graph: bool,
+    /// Data parallel: gradients are averaged in buckets of this many MiB, each started as soon
+    /// as backward has produced its gradients (DDP's `bucket_cap_mb`).
+    #[arg(long, default_value_t = 25.0, allow_negative_numbers = true)]
+    bucket_mb: f64,
     /// Gradient accumulation: one optimizer step per K batches (effective batch K × --batch;
     /// a data-parallel job reduces once per step). An epoch's last batches that do not fill a
     /// step are skipped.
@@ -165,6 +170,14 @@ fn run() -> Res<()> {
     if epochs == 0 || batch == 0 {
         return Err("--epochs and --batch must be at least 1".into());
     }
+    let bucket_bytes = (cli.bucket_mb * (1 << 20) as f64).round();
+    if !(bucket_bytes >= 1.0 && bucket_bytes.is_finite()) {
+        return Err(format!(
+            "--bucket-mb {}: a bucket needs at least a byte",
+            cli.bucket_mb
+        )
+        .into());
+    }
 
     let classes = train.classes().len().max(1);
     let mut config = ResNetConfig::named(&model_name)?;
@@ -218,7 +231,7 @@ fn run() -> Res<()> {
     if world > 1 {
         let collective =
             redline_dist::connect_device(&launch, &device, redline_dist::timeout_from_env()?)?;
-        trainer = trainer.with_data_parallel(collective, DEFAULT_BUCKET_BYTES)?;
+        trainer = trainer.with_data_parallel(collective, bucket_bytes as usize)?;
         if cli.sync_bn {
             trainer = trainer.with_sync_batch_norm()?;
         }
@@ -368,6 +381,9 @@ fn run() -> Res<()> {
         "final_val_top1": last["val_top1"], "final_val_top5": last["val_top5"],
         "seconds": started.elapsed().as_secs_f64(), "history": history,
         "graph": trainer.graph_stats().to_json(),
+        "data_parallel": trainer.data_parallel().map(|r| json!({
+            "bucket_bytes": bucket_bytes as usize, "buckets": r.buckets().len(),
+        })),
     });
     if !lead {
         return Ok(());
