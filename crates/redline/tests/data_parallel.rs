@@ -122,35 +122,21 @@ fn two_ranks_with_synchronised_batch_norm_and_gradient_accumulation_train_a_resn
 fn an_accumulation_longer_than_an_epoch_or_an_empty_bucket_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     synthetic(dir.path());
-    for k in ["0", "9"] {
-        let out = train(
-            dir.path(),
-            "refused.json",
-            &["--epochs", "1", "--accumulate", k],
-        )
-        .output()
-        .unwrap();
+    // A one-epoch run with `flag value`: refused, its error naming the problem.
+    let refused = |flag: &str, value: &str, message: &str| {
+        let out = train(dir.path(), "refused.json", &["--epochs", "1", flag, value])
+            .output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "--accumulate {k} ran: {stderr}");
-        assert!(
-            stderr.contains(&format!("--accumulate {k}: between 1 and the 8 batches")),
-            "{stderr}"
-        );
+        assert!(!out.status.success(), "{flag} {value} ran: {stderr}");
+        assert!(stderr.contains(message), "{stderr}");
+    };
+    for k in ["0", "9"] {
+        let message = format!("--accumulate {k}: between 1 and the 8 batches");
+        refused("--accumulate", k, &message);
     }
     for mb in ["0", "-2", "NaN"] {
-        let out = train(
-            dir.path(),
-            "refused.json",
-            &["--epochs", "1", "--bucket-mb", mb],
-        )
-        .output()
-        .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "--bucket-mb {mb} ran: {stderr}");
-        assert!(
-            stderr.contains("a bucket needs at least a byte"),
-            "{stderr}"
-        );
+        refused("--bucket-mb", mb, "a bucket needs at least a byte");
     }
 }
 
