@@ -8,7 +8,7 @@
 //! # any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
 //! RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 target/debug/examples/allreduce &
 //! RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 target/debug/examples/allreduce
-//! # Slurm: SLURM_NTASKS / SLURM_PROCID / SLURM_LOCALID stand in for WORLD_SIZE / RANK / LOCAL_RANK
+//! # Slurm: SLURM_STEP_NUM_TASKS / SLURM_PROCID / SLURM_LOCALID stand in for WORLD_SIZE / RANK / LOCAL_RANK
 //! MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1) MASTER_PORT=29500 \
 //!   srun --ntasks 8 target/debug/examples/allreduce
 //! ```

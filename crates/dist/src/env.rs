@@ -49,12 +49,14 @@ impl Launch {
 
     /// [`from_env`](Self::from_env) over a given set of variables.
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Option<Self>> {
-        // Under `srun` without a wrapper, Slurm's own variables say the same thing.
+        // Under `srun` without a wrapper, Slurm's own variables say the same thing: the tasks
+        // of the job step srun started. Not SLURM_NTASKS: the batch script itself has it (and
+        // SLURM_PROCID 0), and a process started there is no rank of a step.
         let slurm = !vars.contains_key("WORLD_SIZE")
-            && vars.contains_key("SLURM_NTASKS")
+            && vars.contains_key("SLURM_STEP_NUM_TASKS")
             && vars.contains_key("SLURM_PROCID");
         let (world_var, rank_var, local_var) = match slurm {
-            true => ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"),
+            true => ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID"),
             false => ("WORLD_SIZE", "RANK", "LOCAL_RANK"),
         };
         if !vars.contains_key(world_var) {
@@ -192,6 +194,7 @@ mod tests {
     fn slurm_variables_stand_in_for_torchruns() {
         let launch = Launch::from_vars(&vars(&[
             ("SLURM_NTASKS", "16"),
+            ("SLURM_STEP_NUM_TASKS", "16"),
             ("SLURM_PROCID", "9"),
             ("SLURM_LOCALID", "1"),
             ("MASTER_ADDR", "gpu-node-3"),
@@ -200,13 +203,20 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((launch.rank, launch.world, launch.local_rank), (9, 16, 1));
-        let err = Launch::from_vars(&vars(&[("SLURM_NTASKS", "4"), ("SLURM_PROCID", "4")]))
-            .unwrap_err()
-            .to_string();
+        let step = [("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_PROCID", "4")];
+        let err = Launch::from_vars(&vars(&step)).unwrap_err().to_string();
         assert!(
-            err.contains("SLURM_PROCID: 4 is not below SLURM_NTASKS 4"),
+            err.contains("SLURM_PROCID: 4 is not below SLURM_STEP_NUM_TASKS 4"),
             "{err}"
         );
+        // A batch script of `sbatch --ntasks 4` has SLURM_NTASKS and SLURM_PROCID 0 but is
+        // no task of a step: a process started there runs alone, not waiting for 3 peers.
+        let batch = [
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_LOCALID", "0"),
+        ];
+        assert_eq!(Launch::from_vars(&vars(&batch)).unwrap(), None);
     }
 
     #[test]

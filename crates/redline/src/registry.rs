@@ -153,6 +153,31 @@ pub fn select(name: Option<&str>) -> Result<(Candidate, Device)> {
     Ok((choice.clone(), open(choice)?))
 }
 
+/// The device a rank of a data-parallel job takes when none is named, among `all`:
+/// `cuda:{local_rank}` on a machine with CUDA devices (one GPU per process — NCCL refuses two
+/// ranks on one), the best device (`None`) on one without. A local rank beyond the machine's
+/// GPUs is an error naming both, never a second rank on another's GPU.
+pub fn for_local_rank(local_rank: usize, all: &[Candidate]) -> Result<Option<String>> {
+    let gpus: Vec<&str> = (all.iter())
+        .filter(|c| c.kind == Kind::Cuda && !c.software)
+        .map(|c| c.name.as_str())
+        .collect();
+    if gpus.is_empty() {
+        return Ok(None);
+    }
+    let name = format!("cuda:{local_rank}");
+    if gpus.contains(&name.as_str()) {
+        return Ok(Some(name));
+    }
+    Err(TensorError::Device(format!(
+        "local rank {local_rank} takes {name}, but this machine has {} CUDA device(s) ({}): \
+         start at most {} process(es) per machine, or name a device with --device",
+        gpus.len(),
+        gpus.join(", "),
+        gpus.len()
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +188,33 @@ mod tests {
             kind,
             software,
         }
+    }
+
+    #[test]
+    fn a_rank_takes_the_gpu_of_its_local_rank_and_no_other() {
+        let named = |name: &str, kind: Kind, software: bool| Candidate {
+            name: name.into(),
+            kind,
+            software,
+        };
+        let cpu = named("cpu", Kind::Cpu, false);
+        let emulator = named("cuda-emulator", Kind::Cuda, true);
+        let gpus = [
+            named("cuda:0", Kind::Cuda, false),
+            named("cuda:1", Kind::Cuda, false),
+            cpu.clone(),
+        ];
+        assert_eq!(for_local_rank(1, &gpus).unwrap().as_deref(), Some("cuda:1"));
+        let err = for_local_rank(2, &gpus).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "local rank 2 takes cuda:2, but this machine has 2 CUDA device(s) \
+                 (cuda:0, cuda:1): start at most 2 process(es) per machine"
+            ),
+            "{err}"
+        );
+        // Without a GPU (the emulator is none) every rank takes the best device.
+        assert_eq!(for_local_rank(3, &[cpu, emulator]).unwrap(), None);
     }
 
     #[test]

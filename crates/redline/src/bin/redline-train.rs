@@ -143,11 +143,11 @@ fn run() -> Res<()> {
     let (rank, world) = (launch.rank, launch.world);
     let lead = rank == 0;
     // One device per process: a rank of a job on a CUDA machine takes `cuda:{LOCAL_RANK}`.
-    let local_cuda = format!("cuda:{}", launch.local_rank);
-    let (candidate, device) = match (&cli.device, world > 1) {
-        (None, true) => registry::select(Some(&local_cuda)).or_else(|_| registry::select(None))?,
-        (name, _) => registry::select(name.as_deref())?,
+    let name = match (&cli.device, world > 1) {
+        (None, true) => registry::for_local_rank(launch.local_rank, &registry::candidates())?,
+        (name, _) => name.clone(),
     };
+    let (candidate, device) = registry::select(name.as_deref())?;
     // Each epoch's steps are summarised in the report with their ops counted by kind, so
     // `cargo xtask doctor` can read a training run as it reads a bench.
     let synchronous = candidate.kind == Kind::Cpu;
