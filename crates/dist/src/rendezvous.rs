@@ -3,8 +3,9 @@
 //! Without torchrun's agent, rank 0 serves the store on MASTER_PORT and the others connect to
 //! it (retrying until it is up, within the timeout). Under torchrun's elastic agent a TCPStore
 //! already listens there (`TORCHELASTIC_USE_AGENT_STORE=True`): every rank is a client of it.
-//! Keys are scoped by the run id and the restart count, so a restarted job never reads a failed
-//! attempt's entries.
+//! Keys are scoped by the restart count (`TORCHELASTIC_RESTART_COUNT`), so a restarted job
+//! never reads a failed attempt's entries. A rank 0 that never comes is named as such: the
+//! others find no store it serves, or (under the agent) no address it publishes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,7 +46,20 @@ pub fn connect(launch: &Launch, timeout: Duration) -> Result<Arc<dyn Collective>
         true => Some(StoreServer::bind(&address)?),
         false => None,
     };
-    let mut store = StoreClient::connect(&address, timeout)?;
+    let mut store = StoreClient::connect(&address, timeout).map_err(|e| match e {
+        // Without torchrun's agent the store is rank 0's: no answer there is rank 0's absence.
+        DistError::Rendezvous { message, .. } if !launch.agent_store && launch.rank != 0 => {
+            DistError::Peer {
+                rank: 0,
+                during: "the rendezvous".into(),
+                message: format!(
+                    "it serves the store at {address}, and nothing answered there within \
+                     {timeout:?} ({message})"
+                ),
+            }
+        }
+        other => other,
+    })?;
     let prefix = format!("redline/attempt_{}/", launch.restart);
     let collective =
         TcpCollective::connect(&mut store, &prefix, launch.rank, launch.world, timeout)?;

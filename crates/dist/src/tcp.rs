@@ -280,7 +280,18 @@ impl TcpCollective {
                 Self::accept_all(ip, publish, world, timeout)?
             }
             _ => {
-                let address = String::from_utf8_lossy(&store.get(&key, timeout)?).into_owned();
+                // Only rank 0 publishes the address: a wait that times out is rank 0's absence.
+                let published = store.get(&key, timeout).map_err(|e| match e {
+                    DistError::Rendezvous { message, .. } => DistError::Peer {
+                        rank: 0,
+                        during: "the rendezvous".into(),
+                        message: format!(
+                            "it never published its address within {timeout:?} ({message})"
+                        ),
+                    },
+                    other => other,
+                })?;
+                let address = String::from_utf8_lossy(&published).into_owned();
                 vec![Self::join(&address, rank, world, timeout)?]
             }
         };

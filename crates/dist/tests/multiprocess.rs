@@ -7,7 +7,8 @@
 //!   process trained on the concatenated batches. The model has no batch norm: local batch
 //!   statistics differ from the whole batch's by design.
 //! * A rank that is killed, stalls, or never starts makes every other rank fail with an error
-//!   naming it, within the timeout.
+//!   naming it, within the timeout (twice it for a stalled rank 0) — rank 0, the hub, included,
+//!   with torchrun's agent store or without.
 //! * A checkpoint written by 2 ranks resumes on 4 with the same data order and the same result.
 //! * With a GradScaler, an overflow in one rank's batch makes every rank skip the step.
 //! * With synchronised batch norm, a model with batch norms trains on 2 and 4 ranks as on one
@@ -511,43 +512,51 @@ fn error_of(out: &Path, rank: usize) -> String {
 
 #[test]
 fn a_killed_or_stalled_rank_makes_the_others_fail_naming_it_within_the_timeout() {
+    // Rank 2, and rank 0: the hub of the star every collective goes through.
     let timeout = 3.0;
-    for failure in ["exit", "stall"] {
-        let out = tempfile_dir(&format!("fail-{failure}"));
+    for (failing, failure) in [(2, "exit"), (2, "stall"), (0, "exit"), (0, "stall")] {
+        let what = format!("rank {failing} {failure}");
+        let out = tempfile_dir(&format!("fail-{failing}-{failure}"));
         let extra = [
             ("REDLINE_TEST_STEPS", "4".to_string()),
             ("REDLINE_TEST_FAIL", failure.to_string()),
-            ("REDLINE_TEST_FAILING_RANK", "2".to_string()),
+            ("REDLINE_TEST_FAILING_RANK", failing.to_string()),
             ("REDLINE_DIST_TIMEOUT", timeout.to_string()),
         ];
         let begun = Instant::now();
         let mut children = start(3, &[0, 1, 2], &out, &extra);
-        let mut stuck = children.pop().unwrap();
+        let mut stuck = children.remove(failing);
         wait_all(children);
         let took = begun.elapsed();
         let _ = stuck.kill();
         let _ = stuck.wait();
-        for rank in [0, 1] {
+        let others: Vec<usize> = (0..3).filter(|&r| r != failing).collect();
+        for &rank in &others {
             let err = error_of(&out, rank);
             assert!(
-                err.contains("rank 2 failed"),
-                "{failure}: rank {rank}: {err}"
+                err.contains(&format!("rank {failing} failed")),
+                "{what}: rank {rank}: {err}"
             );
             let why = match failure {
                 "exit" => "closed its connection",
                 _ => "sent nothing for",
             };
-            assert!(err.contains(why), "{failure}: rank {rank}: {err}");
+            assert!(err.contains(why), "{what}: rank {rank}: {err}");
         }
-        // One step at most before the failure, then one timeout (a stall) or none (an exit).
-        let bound = Duration::from_secs_f64(timeout * 2.0 + 20.0);
-        assert!(
-            took < bound,
-            "{failure}: the others took {took:?} to give up"
-        );
+        // Starting up and a few steps before the failure (well under a second here; 5 s
+        // allows for a loaded 2-core machine), then: nothing more for an exit; one timeout
+        // for a stalled rank 2, which rank 0 names; two for a stalled rank 0, since the others
+        // must first give it a timeout to name a stalled rank itself.
+        let waits = match (failing, failure) {
+            (_, "exit") => 0.0,
+            (0, _) => 2.0,
+            _ => 1.0,
+        };
+        let bound = Duration::from_secs_f64(timeout * waits + 5.0);
+        assert!(took < bound, "{what}: the others took {took:?} to give up");
         println!(
-            "{failure}: ranks 0 and 1 failed after {took:?}: {}",
-            error_of(&out, 1)
+            "{what}: ranks {others:?} failed after {took:?}: {}",
+            error_of(&out, others[1])
         );
     }
 }
@@ -567,6 +576,42 @@ fn a_rank_that_never_starts_is_named_by_the_rendezvous() {
         );
     }
     assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+#[test]
+fn a_rank_0_that_never_starts_is_named_with_or_without_an_agent_store() {
+    // Ranks 1 and 2 of 3 alone, with `extra`: each must fail naming rank 0 as `named` says.
+    let without_rank_0 = |name: &str, extra: &[(&str, String)], named: &str| {
+        let out = tempfile_dir(name);
+        let begun = Instant::now();
+        wait_all(start(3, &[1, 2], &out, extra));
+        assert!(begun.elapsed() < Duration::from_secs(30), "{name}");
+        for rank in [1, 2] {
+            let err = error_of(&out, rank);
+            assert!(err.contains(named), "{name}: rank {rank}: {err}");
+        }
+    };
+    // Without an agent, rank 0 serves the store: nothing answers at MASTER_PORT.
+    let timeout = ("REDLINE_DIST_TIMEOUT", "2".to_string());
+    without_rank_0(
+        "absent-0",
+        std::slice::from_ref(&timeout),
+        "rank 0 failed during the rendezvous: it serves the store at",
+    );
+    // Under torchrun's agent (here a store this test serves) the store answers, but rank 0
+    // never publishes its address in it.
+    let port = free_port();
+    let _agent = redline_dist::StoreServer::bind(&format!("127.0.0.1:{port}")).unwrap();
+    let agent = [
+        timeout,
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".to_string()),
+    ];
+    without_rank_0(
+        "absent-0-agent",
+        &agent,
+        "rank 0 failed during the rendezvous: it never published its address",
+    );
 }
 
 #[test]
