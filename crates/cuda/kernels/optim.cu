@@ -145,9 +145,9 @@ __global__ void adamw(Tensors list, AdamArgs a, Flag step, Flag lr, Flag found_i
     const Share s = share_of(list);
     __shared__ A corrections[2];
     if (threadIdx.x == 0) {
-        const double s = load_scalar((const void *)step.ptr, step.code);
-        corrections[0] = (A)(1.0 - pow(a.beta1, s));
-        corrections[1] = (A)sqrt(1.0 - pow(a.beta2, s));
+        const double steps = load_scalar((const void *)step.ptr, step.code);
+        corrections[0] = (A)(1.0 - pow(a.beta1, steps));
+        corrections[1] = (A)sqrt(1.0 - pow(a.beta2, steps));
     }
     __syncthreads();
     if (raised(found_inf)) return;

@@ -40,8 +40,9 @@ impl Launch {
         }
     }
 
-    /// Reads the process environment: `None` when WORLD_SIZE is unset (not launched as part of
-    /// a job), an error naming the variable when one is missing or malformed.
+    /// Reads the process environment: `None` when neither WORLD_SIZE nor an srun step's
+    /// SLURM_STEP_NUM_TASKS is set (not launched as part of a job), an error naming the
+    /// variable when one is missing or malformed.
     pub fn from_env() -> Result<Option<Self>> {
         let vars: HashMap<String, String> = std::env::vars().collect();
         Self::from_vars(&vars)

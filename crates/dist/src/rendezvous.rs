@@ -46,23 +46,37 @@ pub fn connect(launch: &Launch, timeout: Duration) -> Result<Arc<dyn Collective>
         true => Some(StoreServer::bind(&address)?),
         false => None,
     };
+    // Without torchrun's agent the store is rank 0's: to the others, no store at an address
+    // that resolves, or a store that closes before rank 0 published its own address, is rank
+    // 0's absence (an address that does not resolve is nobody's).
+    let rank_0_serves = !launch.agent_store && launch.rank != 0;
+    let resolves = || {
+        use std::net::ToSocketAddrs;
+        address
+            .to_socket_addrs()
+            .is_ok_and(|mut a| a.next().is_some())
+    };
+    let absent = |what: String| DistError::Peer {
+        rank: 0,
+        during: "the rendezvous".into(),
+        message: format!("it serves the store at {address}, and {what}"),
+    };
     let mut store = StoreClient::connect(&address, timeout).map_err(|e| match e {
-        // Without torchrun's agent the store is rank 0's: no answer there is rank 0's absence.
-        DistError::Rendezvous { message, .. } if !launch.agent_store && launch.rank != 0 => {
-            DistError::Peer {
-                rank: 0,
-                during: "the rendezvous".into(),
-                message: format!(
-                    "it serves the store at {address}, and nothing answered there within \
-                     {timeout:?} ({message})"
-                ),
-            }
-        }
+        DistError::Rendezvous { message, .. } if rank_0_serves && resolves() => absent(format!(
+            "no store answered there within {timeout:?} ({message})"
+        )),
         other => other,
     })?;
     let prefix = format!("redline/attempt_{}/", launch.restart);
     let collective =
-        TcpCollective::connect(&mut store, &prefix, launch.rank, launch.world, timeout)?;
+        TcpCollective::connect(&mut store, &prefix, launch.rank, launch.world, timeout).map_err(
+            |e| match e {
+                DistError::Io { what, source } if rank_0_serves => absent(format!(
+                    "the store closed before the group formed ({what}: {source})"
+                )),
+                other => other,
+            },
+        )?;
     Ok(Arc::new(collective.keeping(server)))
 }
 

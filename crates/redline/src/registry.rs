@@ -153,10 +153,13 @@ pub fn select(name: Option<&str>) -> Result<(Candidate, Device)> {
     Ok((choice.clone(), open(choice)?))
 }
 
-/// The device a rank of a data-parallel job takes when none is named, among `all`:
-/// `cuda:{local_rank}` on a machine with CUDA devices (one GPU per process — NCCL refuses two
-/// ranks on one), the best device (`None`) on one without. A local rank beyond the machine's
-/// GPUs is an error naming both, never a second rank on another's GPU.
+/// The device a rank of a data-parallel job takes when none is named, among `all` (the GPUs
+/// this process sees): `cuda:{local_rank}` on a machine with CUDA devices (one GPU per process
+/// — NCCL refuses two ranks on one), the best device (`None`) on one without. A process that
+/// sees a single GPU takes it whatever its local rank: the launcher bound that GPU to it
+/// (Slurm's `--gpus-per-task=1`, a per-rank `CUDA_VISIBLE_DEVICES`), and if it did not, NCCL
+/// names the two ranks on one GPU. A local rank beyond several visible GPUs is an error naming
+/// both, never a second rank on another's GPU.
 pub fn for_local_rank(local_rank: usize, all: &[Candidate]) -> Result<Option<String>> {
     let gpus: Vec<&str> = (all.iter())
         .filter(|c| c.kind == Kind::Cuda && !c.software)
@@ -169,9 +172,13 @@ pub fn for_local_rank(local_rank: usize, all: &[Candidate]) -> Result<Option<Str
     if gpus.contains(&name.as_str()) {
         return Ok(Some(name));
     }
+    if let [only] = gpus[..] {
+        return Ok(Some(only.to_string()));
+    }
     Err(TensorError::Device(format!(
-        "local rank {local_rank} takes {name}, but this machine has {} CUDA device(s) ({}): \
-         start at most {} process(es) per machine, or name a device with --device",
+        "local rank {local_rank} takes {name}, but this process sees {} CUDA devices ({}): \
+         start at most {} process(es) per machine, bind one GPU to each (Slurm's \
+         --gpus-per-task=1, CUDA_VISIBLE_DEVICES per rank), or name a device with --device",
         gpus.len(),
         gpus.join(", "),
         gpus.len()
@@ -208,10 +215,16 @@ mod tests {
         let err = for_local_rank(2, &gpus).unwrap_err().to_string();
         assert!(
             err.contains(
-                "local rank 2 takes cuda:2, but this machine has 2 CUDA device(s) \
-                 (cuda:0, cuda:1): start at most 2 process(es) per machine"
+                "local rank 2 takes cuda:2, but this process sees 2 CUDA devices \
+                 (cuda:0, cuda:1): start at most 2 process(es) per machine, bind one GPU"
             ),
             "{err}"
+        );
+        // A launcher that bound one GPU to each task: local rank 3 sees it as cuda:0.
+        let bound = [named("cuda:0", Kind::Cuda, false), cpu.clone()];
+        assert_eq!(
+            for_local_rank(3, &bound).unwrap().as_deref(),
+            Some("cuda:0")
         );
         // Without a GPU (the emulator is none) every rank takes the best device.
         assert_eq!(for_local_rank(3, &[cpu, emulator]).unwrap(), None);
