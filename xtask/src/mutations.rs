@@ -170,6 +170,20 @@ const MUTATIONS: &[Mutation] = &[
         original: "const i64 blocks = end - list.first_block[lo];",
         mutated: "const i64 blocks = 1;",
     },
+    // Two that only the emulator's shared-memory poison shows: on a GPU another block's shared
+    // memory is out of reach, and an unwritten slot holds whatever its SM left there.
+    Mutation {
+        name: "AdamW bias corrections computed by the first block alone",
+        file: "optim.cu",
+        original: "    if (threadIdx.x == 0) {\n        const double steps",
+        mutated: "    if (threadIdx.x == 0 && blockIdx.x == 0) {\n        const double steps",
+    },
+    Mutation {
+        name: "block reduction reading every warp's slot, written or not",
+        file: "block.cuh",
+        original: "for (unsigned w = 1; w < warps; w++) total = op(total, partial[w]);",
+        mutated: "for (unsigned w = 1; w < 32; w++) total = op(total, partial[w]);",
+    },
 ];
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

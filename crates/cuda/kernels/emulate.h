@@ -7,7 +7,11 @@
 // and blocks run one after another. So:
 // - `__shared__` is a function-local thread_local static: one copy per block in flight (a
 //   block's fibers share their OS thread; launches on other threads, from other emulator
-//   instances in the same process, get their own).
+//   instances in the same process, get their own). Before each block that runs as fibers, all
+//   of it is poisoned (every byte 0xFF: NaN in every float type, -1 in the integers), as a GPU
+//   gives a block whatever its SM held last: a kernel that reads shared memory its block did
+//   not write sees NaN, not zeros or the previous block's values (which, computed by the same
+//   code, would often have passed).
 // - `__syncthreads()` is a real barrier: a fiber waits until every thread of its block arrives.
 //   A thread that exits while others wait, or waits while others exited, is an error (CUDA's
 //   "barrier in divergent code"), not a silent pass.
@@ -43,6 +47,9 @@
 
 #include <cmath>
 #include <cstdint>
+#if defined(__linux__)
+#include <link.h>
+#endif
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -348,6 +355,56 @@ inline std::string run_fibers(Block &b, unsigned n, dim3 blk, bool reverse) {
     }
 }
 
+#if defined(__linux__)
+/// This library's thread-local storage on the calling thread: the module whose loaded code
+/// holds this function (every emulator library has its own, hidden), its TLS segment's size
+/// and this thread's copy of it (allocated: the caller has used `g_block`).
+struct TlsBlock {
+    char *data = nullptr;
+    size_t size = 0;
+};
+
+inline int find_tls(dl_phdr_info *info, size_t, void *out) {
+    const auto self = reinterpret_cast<uintptr_t>(&find_tls);
+    bool ours = false;
+    size_t size = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+        const uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+        ours |= ph.p_type == PT_LOAD && self >= start && self < start + ph.p_memsz;
+        if (ph.p_type == PT_TLS) size = ph.p_memsz;
+    }
+    if (!ours) return 0;
+    auto *found = static_cast<TlsBlock *>(out);
+    found->data = static_cast<char *>(info->dlpi_tls_data);
+    found->size = size;
+    return 1;
+}
+
+/// Poisons every `__shared__` array (the library's whole thread-local storage: 0xFF bytes),
+/// keeping the emulator's own thread-locals (`g_block`, launch's block and barrier-free list,
+/// passed as `keep`) as they were. Their initialisation guards, also thread-local, read
+/// 0xFF as "initialised", which they are. Returns "" or why it could not.
+template <class... Keep>
+std::string poison_shared(Keep &...keep) {
+    TlsBlock tls;
+    dl_iterate_phdr(find_tls, &tls);
+    if (tls.data == nullptr) return "the emulator found no thread-local storage of its own to poison";
+    char saved[(sizeof(Keep) + ... + 0)];
+    char *at = saved;
+    ((std::memcpy(at, static_cast<void *>(&keep), sizeof(Keep)), at += sizeof(Keep)), ...);
+    std::memset(tls.data, 0xFF, tls.size);
+    at = saved;
+    ((std::memcpy(static_cast<void *>(&keep), at, sizeof(Keep)), at += sizeof(Keep)), ...);
+    return "";
+}
+#else
+template <class... Keep>
+std::string poison_shared(Keep &...) {
+    return "";
+}
+#endif
+
 /// Runs `entry(args)` as a grid of blocks; returns "" or the first error. A kernel's first
 /// launch runs its threads as fibers; once a launch has finished without any thread reaching a
 /// barrier or a warp operation, the kernel's later launches run threads as plain calls (direct
@@ -377,6 +434,8 @@ inline std::string launch(void (*entry)(void **), dim3 grid, dim3 blk, void **ar
         for (unsigned by = 0; by < grid.y && error.empty(); by++)
             for (unsigned bx = 0; bx < grid.x && error.empty(); bx++) {
                 b.block_idx = {bx, by, bz};
+                if (!b.direct) error = poison_shared(g_block, b, barrier_free);
+                if (!error.empty()) break;
                 error = b.direct ? run_direct(b, n, blk, reverse) : run_fibers(b, n, blk, reverse);
             }
     g_block = saved;

@@ -87,6 +87,15 @@ __global__ void missing_barrier(int base, int *out) {
     out[threadIdx.x] = slots[63 - threadIdx.x];
 }
 
+// Block `writer` (none when out of the grid) writes a shared cell; every block then reads it.
+// A block that did not write must read the poison (NaN), not zero or another block's value.
+__global__ void reads_shared_it_did_not_write(unsigned writer, float *out) {
+    __shared__ float cell[1];
+    if (blockIdx.x == writer && threadIdx.x == 0) cell[0] = 1.5f;
+    __syncthreads();
+    if (threadIdx.x == 0) out[blockIdx.x] = cell[0];
+}
+
 static void report(const char *name, const std::string &what) {
     std::printf("%s\t%s\n", name, what.empty() ? "ok" : what.c_str());
     std::fflush(stdout);  // a crash later must not lose the lines before it
@@ -162,6 +171,21 @@ int main() {
         for (int t = 0; t < 64; t++) stale += out[t] != base + 63 - t;
         if (error.empty()) error = std::to_string(stale) + " of 64 threads read a stale slot";
         report(reverse ? "missing barrier, backward" : "missing barrier, forward", error);
+    }
+    {
+        // Block 0 writes, block 1 does not; then a launch in which no block writes.
+        float out[2] = {0, 0};
+        float *out_p = out;
+        unsigned first = 0, none = 2;
+        std::string error = LAUNCH(reads_shared_it_did_not_write, 2, 32, false, &first, &out_p);
+        if (error.empty() && (out[0] != 1.5f || out[1] == out[1]))
+            error = "with block 0 writing, blocks read " + std::to_string(out[0]) + " and " +
+                    std::to_string(out[1]);
+        if (error.empty()) error = LAUNCH(reads_shared_it_did_not_write, 2, 32, false, &none, &out_p);
+        if (error.empty() && (out[0] == out[0] || out[1] == out[1]))
+            error = "with no block writing, blocks read " + std::to_string(out[0]) + " and " +
+                    std::to_string(out[1]);
+        report("shared memory a block did not write reads as NaN", error);
     }
     return 0;
 }

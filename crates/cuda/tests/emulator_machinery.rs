@@ -2,7 +2,8 @@
 //! `emulate.h` directly — no registry, no backend — and prints each case's outcome. Fibers must
 //! keep their registers, stacks and alignment across barriers (the switch between them is
 //! hand-written on x86-64) and start afresh after a failed launch, and every synchronisation
-//! error must be named (an early exit and a missing barrier in both thread orders). Compiled twice:
+//! error must be named (an early exit and a missing barrier in both thread orders), and shared
+//! memory a block did not write must read as the poison (NaN). Compiled twice:
 //! with the hand-written switch and with glibc's ucontext (`REDLINE_EMU_UCONTEXT`), the path
 //! other architectures take. Needs only a host C++ compiler (g++, or `CXX`).
 
@@ -56,6 +57,7 @@ const EXPECTED: &[(&str, &str)] = &[
         "missing barrier, backward",
         "32 of 64 threads read a stale slot",
     ),
+    ("shared memory a block did not write reads as NaN", "ok"),
 ];
 
 /// Compiles the self-test with `defines`, runs it and returns each case's outcome.
