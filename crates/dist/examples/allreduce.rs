@@ -13,7 +13,9 @@
 //!   srun --ntasks 8 target/debug/examples/allreduce
 //! ```
 //!
-//! With `REDLINE_EXAMPLE_OUT=DIR` each rank also writes its line to `DIR/rank{RANK}.txt`.
+//! With `REDLINE_EXAMPLE_OUT=DIR` each rank also writes its line to `DIR/rank{RANK}.txt`, or
+//! its error to `DIR/rank{RANK}.err`. For the torchrun suite, `REDLINE_EXAMPLE_FAIL=exit` (or
+//! `stall`) makes rank `REDLINE_EXAMPLE_FAILING_RANK` exit (or hang) once the group has formed.
 
 use std::sync::Arc;
 
@@ -23,7 +25,29 @@ use redline_tensor::{Device, Tensor};
 fn main() {
     if let Err(e) = run() {
         eprintln!("allreduce: {e}");
+        if let (Some(dir), Ok(rank)) = (out_dir(), std::env::var("RANK")) {
+            let _ = std::fs::write(dir.join(format!("rank{rank}.err")), e.to_string());
+        }
         std::process::exit(1);
+    }
+}
+
+fn out_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("REDLINE_EXAMPLE_OUT").map(std::path::PathBuf::from)
+}
+
+/// The torchrun suite's failing rank: gone (or hung) right after the group formed.
+fn fail_if_asked(rank: usize) {
+    let failing = std::env::var("REDLINE_EXAMPLE_FAILING_RANK").ok();
+    if failing.and_then(|r| r.parse::<usize>().ok()) != Some(rank) {
+        return;
+    }
+    match std::env::var("REDLINE_EXAMPLE_FAIL").as_deref() {
+        Ok("exit") => std::process::exit(3),
+        Ok("stall") => loop {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+        },
+        _ => {}
     }
 }
 
@@ -31,6 +55,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let launch = Launch::from_env()?.unwrap_or_else(Launch::single);
     let collective = connect(&launch, timeout_from_env()?)?;
     let (rank, world) = (collective.rank(), collective.world());
+    fail_if_asked(rank);
     let device = Device::reference();
 
     // Sum of rank + 1 over the ranks: world (world + 1) / 2 on every rank.
@@ -66,11 +91,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         grad.first().copied().unwrap_or(f32::NAN)
     );
     println!("{line}");
-    if let Some(dir) = std::env::var_os("REDLINE_EXAMPLE_OUT") {
-        std::fs::write(
-            std::path::Path::new(&dir).join(format!("rank{rank}.txt")),
-            line,
-        )?;
+    if let Some(dir) = out_dir() {
+        std::fs::write(dir.join(format!("rank{rank}.txt")), line)?;
     }
     Ok(())
 }

@@ -1,11 +1,12 @@
 //! The torchrun suite: a real `torchrun` (PyTorch's elastic launcher) starts the `allreduce`
 //! example on 2 and 3 processes, and on two agents standing for two nodes; they join the
 //! TCPStore its agent serves on MASTER_PORT (`TORCHELASTIC_USE_AGENT_STORE=True`) as clients,
-//! and all-reduce, broadcast and average a gradient correctly. `cargo xtask test` runs it when PyTorch is installed (the `torchrun`
+//! and all-reduce, broadcast and average a gradient correctly; a rank that dies or hangs ends
+//! the job with the others naming it. `cargo xtask test` runs it when PyTorch is installed (the `torchrun`
 //! suite; `pip install torch`) and reports it skipped otherwise; `REDLINE_HARDWARE_REQUIRED=1`
 //! (CI) makes a missing PyTorch a failure.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const SKIP_MARKER: &str = "redline-hardware-skip:";
@@ -44,6 +45,36 @@ fn fresh_dir(name: &str) -> PathBuf {
     out
 }
 
+/// The example, or None (the suite skipped) without PyTorch.
+fn example_or_skip() -> Option<PathBuf> {
+    if !torch_or_skip() {
+        return None;
+    }
+    let example = example();
+    assert!(example.is_file(), "{} was not built", example.display());
+    Some(example)
+}
+
+/// torchrun on this machine alone starting `procs` copies of `example`, with `options` of its
+/// own; the ranks write into `out` and give up on each other after `timeout` seconds.
+fn standalone(procs: usize, options: &[&str], example: &Path, out: &Path, timeout: f64) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.args([
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+    ])
+    .arg(format!("--nproc-per-node={procs}"))
+    .args(options)
+    .arg("--no-python")
+    .arg(example)
+    .env("REDLINE_EXAMPLE_OUT", out)
+    .env("REDLINE_DIST_TIMEOUT", timeout.to_string());
+    cmd
+}
+
 /// Every rank of `world` wrote the line of a right all-reduce, broadcast and average, with its
 /// local rank (torchrun numbers a node's ranks consecutively: rank mod processes per node).
 fn check_ranks(out: &std::path::Path, world: usize, per_node: usize, what: &str) {
@@ -65,26 +96,12 @@ fn check_ranks(out: &std::path::Path, world: usize, per_node: usize, what: &str)
 #[test]
 #[ignore = "the torchrun suite: needs PyTorch (cargo xtask test runs it when installed)"]
 fn torchrun_starts_ranks_that_meet_in_its_agent_store() {
-    if !torch_or_skip() {
+    let Some(example) = example_or_skip() else {
         return;
-    }
-    let example = example();
-    assert!(example.is_file(), "{} was not built", example.display());
+    };
     for world in [2, 3] {
         let out = fresh_dir(&world.to_string());
-        let status = Command::new("python3")
-            .args([
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nnodes",
-                "1",
-            ])
-            .arg(format!("--nproc-per-node={world}"))
-            .arg("--no-python")
-            .arg(&example)
-            .env("REDLINE_EXAMPLE_OUT", &out)
-            .env("REDLINE_DIST_TIMEOUT", "60")
+        let status = standalone(world, &[], &example, &out, 60.0)
             .status()
             .unwrap();
         assert!(
@@ -92,6 +109,44 @@ fn torchrun_starts_ranks_that_meet_in_its_agent_store() {
             "torchrun with {world} processes: {status}"
         );
         check_ranks(&out, world, world, &format!("{world} processes"));
+    }
+}
+
+/// Under torchrun a rank that dies, or hangs, once the group has formed ends the job: the
+/// others fail at once naming it (its connection closed) or within the timeout (it sent
+/// nothing), and torchrun reports the failure — never a hang. The agent's own check of its
+/// workers runs every 5 s here, so the ranks' errors come first.
+#[test]
+#[ignore = "the torchrun suite: needs PyTorch (cargo xtask test runs it when installed)"]
+fn torchrun_ends_a_job_whose_rank_dies_or_stalls_naming_it() {
+    let Some(example) = example_or_skip() else {
+        return;
+    };
+    let timeout = 3.0;
+    for failure in ["exit", "stall"] {
+        let out = fresh_dir(&format!("fail-{failure}"));
+        let begun = std::time::Instant::now();
+        let status = standalone(3, &["--monitor-interval=5"], &example, &out, timeout)
+            .env("REDLINE_EXAMPLE_FAIL", failure)
+            .env("REDLINE_EXAMPLE_FAILING_RANK", "1")
+            .status()
+            .unwrap();
+        let took = begun.elapsed();
+        assert!(!status.success(), "{failure}: torchrun succeeded");
+        for rank in [0, 2] {
+            let err = std::fs::read_to_string(out.join(format!("rank{rank}.err")))
+                .unwrap_or_else(|e| panic!("{failure}: rank {rank} reported no error: {e}"));
+            println!("{failure}: rank {rank}: {err}");
+            assert!(
+                err.contains("rank 1 failed"),
+                "{failure}: rank {rank}: {err}"
+            );
+        }
+        // torchrun's start and stop (a few seconds), one timeout for the stall, and the
+        // agent's 5 s check.
+        let bound = std::time::Duration::from_secs_f64(timeout + 5.0 + 30.0);
+        assert!(took < bound, "{failure}: torchrun ended after {took:?}");
+        println!("{failure}: torchrun ended after {took:?} with {status}");
     }
 }
 
@@ -110,11 +165,9 @@ fn free_port() -> u16 {
 #[test]
 #[ignore = "the torchrun suite: needs PyTorch (cargo xtask test runs it when installed)"]
 fn torchrun_on_two_nodes_gives_every_rank_its_global_and_local_rank() {
-    if !torch_or_skip() {
+    let Some(example) = example_or_skip() else {
         return;
-    }
-    let example = example();
-    assert!(example.is_file(), "{} was not built", example.display());
+    };
     let (nodes, per_node) = (2, 2);
     let world = nodes * per_node;
     for rendezvous in ["static", "c10d"] {
