@@ -263,7 +263,7 @@ fn run() -> Res<()> {
             progress.index
         );
         // The schedule goes on from the share of training done, in this job's steps (another
-        // world size takes another number a step per epoch).
+        // world size takes another number of steps per epoch).
         let here = progress.epoch as usize * steps_per_epoch
             + progress.index as usize / batch / accumulate;
         if here != trainer.steps() {
